@@ -1,0 +1,1 @@
+"""Arctic Platform: the namespace that holds Arctic RL (``arctic_platform.rl``)."""

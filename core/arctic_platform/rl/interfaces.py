@@ -1,0 +1,143 @@
+"""The contracts between core and plugins: backends, transports, engines and losses.
+
+Engines are built by their spec's factory as ``factory(config, context)`` where ``config``
+is the job's ``ArcticRLClientConfig`` and ``context`` an ``EngineContext``; the caller sets
+the distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) first.
+Tensors cross these interfaces as torch tensors; batches as the plain ``Batch`` dicts of
+``arctic_platform.rl.protocol``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from arctic_platform.rl.config import ArcticRLClientConfig
+
+
+@dataclass
+class EngineContext:
+    """Where an engine instance sits: its rank in the job and its working directory."""
+
+    role: str
+    rank: int = 0
+    world_size: int = 1
+    replica: int = 0
+    work_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """What every engine offers: weights in and out, memory time-sharing, shutdown."""
+
+    @abstractmethod
+    def weight_norm(self) -> float:
+        """L2 norm over all weights (float64 accumulation), to compare engines after a sync."""
+
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        """Release device memory; returns what was done (``{"supported": False}`` if nothing)."""
+        return {"supported": False, "reason": "sleep is not supported by this engine"}
+
+    def wake(self) -> dict[str, Any]:
+        """Undo ``sleep``."""
+        return {"supported": False, "reason": "wake is not supported by this engine"}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free every resource the engine holds."""
+
+
+class TrainingEngine(Engine):
+    """Forward/backward, optimizer step and checkpoints of the policy being trained."""
+
+    @abstractmethod
+    def fwd_bwd(
+        self, batch: dict[str, Any], loss_fn: str = "grpo", loss_config: dict[str, Any] | None = None
+    ) -> dict[str, float]:
+        """Accumulate gradients of ``loss_fn`` over ``batch``; metrics as ``.sum``/``.tokens`` pairs."""
+
+    @abstractmethod
+    def fwd_no_grad(self, batch: dict[str, Any], reference_model: bool = False) -> list[list[float]]:
+        """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0)."""
+
+    @abstractmethod
+    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
+        """Apply the optimizer; returns ``global_step``, ``lr``, ``grad_norm``."""
+
+    @abstractmethod
+    def save_checkpoint(self, directory: str, tag: str | None = None) -> str:
+        """Write full training state under ``directory`` atomically; returns its path."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> int:
+        """Restore the state written by ``save_checkpoint``; returns the global step."""
+
+    @abstractmethod
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered) tensors in Hugging Face parameter names."""
+
+    @property
+    @abstractmethod
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+
+
+class SamplingEngine(Engine):
+    """Rollout generation with in-place weight updates."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Per prompt: ``prompt_token_ids`` and ``completions`` (token_ids, text, logprobs,
+        finish_reason)."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the served weights in place, without restarting the engine."""
+
+    @abstractmethod
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes (mandatory after a weight update)."""
+
+
+class LogProbEngine(Engine):
+    """Log-probs of given completions under the current (or reference) weights."""
+
+    @abstractmethod
+    def log_probs(
+        self, prompts: list[list[int]], completions: list[list[int]], top_k: int = 1
+    ) -> list[dict[str, Any]]:
+        """Per pair: ``log_probs`` of each completion token, and ``top_k`` alternatives."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place."""
+
+
+class Backend(ABC):
+    """Who owns the cluster: starts or reaches the server, and stops what it started."""
+
+    @abstractmethod
+    def start(self, config: ArcticRLClientConfig) -> Any:
+        """Make a server reachable for ``config``; returns the transport client connected to it."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop whatever this backend started (server process, Ray cluster)."""
+
+
+class ClientTransport(ABC):
+    """The client side of a transport: one call per server operation."""
+
+    @abstractmethod
+    def call(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
+        """Invoke ``operation`` on the server with ``payload``; returns its decoded result."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,63 @@
+"""This node's addresses, read from the kernel's tables: never by sending a packet."""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+
+LOOPBACK = "127.0.0.1"
+_SIOCGIFADDR = 0x8915
+
+
+def _interface_ipv4(ifname: str) -> str | None:
+    """The IPv4 address bound to interface ``ifname``, or None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = struct.pack("256s", ifname.encode()[:15])
+            raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, packed)
+    except OSError:
+        return None
+    return socket.inet_ntoa(raw[20:24])
+
+
+def _default_route_interfaces(route_table: str = "/proc/net/route") -> list[str]:
+    """Interfaces carrying a default route, lowest metric first."""
+    try:
+        with open(route_table) as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    found: list[tuple[int, str]] = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 7 and parts[1] == "00000000" and parts[7:8] != ["FFFFFFFF"]:
+            try:
+                found.append((int(parts[6]), parts[0]))
+            except ValueError:
+                continue
+    return [name for _, name in sorted(found)]
+
+
+def primary_ipv4() -> str:
+    """The primary routable IPv4 of this node (the default route's), else 127.0.0.1."""
+    for ifname in _default_route_interfaces():
+        addr = _interface_ipv4(ifname)
+        if addr and not addr.startswith("127."):
+            return addr
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    for ifname in names:
+        if ifname == "lo":
+            continue
+        addr = _interface_ipv4(ifname)
+        if addr and not addr.startswith(("127.", "169.254.")):
+            return addr
+    return LOOPBACK
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    return host in ("localhost", "::1") or host.startswith("127.")

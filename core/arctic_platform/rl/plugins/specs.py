@@ -1,0 +1,122 @@
+"""Typed spec objects that plugin hooks return: one per backend, transport, engine or loss."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arctic_platform.rl.errors import NotImplementedInThisVersion, PluginError
+
+EngineRole = Literal["training", "sampling", "log_prob"]
+ENGINE_ROLES: tuple[EngineRole, ...] = ("training", "sampling", "log_prob")
+PluginKind = Literal["backend", "transport", "engine", "loss"]
+
+
+def normalize_name(name: str) -> str:
+    """The canonical form of a plugin name: stripped and lower-cased."""
+    if not isinstance(name, str) or not name.strip():
+        raise PluginError(f"a plugin name must be a non-empty string, got {name!r}")
+    return name.strip().lower()
+
+
+def resolve_factory(factory: Any, what: str) -> Any:
+    """Import a lazy ``"pkg.mod:attr"`` factory string, or return a callable as it is."""
+    if not isinstance(factory, str):
+        return factory
+    module_name, sep, attr = factory.partition(":")
+    if not sep or not module_name or not attr:
+        raise PluginError(f"{what}: factory {factory!r} is not of the form 'pkg.module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginError(f"{what}: cannot import {module_name!r} ({exc})") from exc
+    try:
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as exc:
+        raise PluginError(f"{what}: {module_name!r} has no attribute {attr!r}") from exc
+    return obj
+
+
+def not_implemented_yet(what: str) -> Any:
+    """A factory for a registered component that a later version will build."""
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedInThisVersion(f"{what} is not implemented yet in this version")
+
+    factory.__doc__ = f"Placeholder: {what} is not implemented yet in this version."
+    factory.not_implemented_yet = True  # type: ignore[attr-defined]
+    return factory
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    factory: Any
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", normalize_name(self.name))
+
+    @property
+    def implemented(self) -> bool:
+        """False for a placeholder whose factory says 'not implemented yet'."""
+        if isinstance(self.factory, str):
+            return True
+        return not getattr(self.factory, "not_implemented_yet", False)
+
+    def load(self) -> Any:
+        """The factory itself, importing it first when it is a lazy string."""
+        return resolve_factory(self.factory, f"{type(self).__name__} {self.name!r}")
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:
+        """Build the component: ``load()(*args, **kwargs)``."""
+        return self.load()(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class BackendSpec(_Spec):
+    """A backend: who owns the cluster (``local`` starts it, ``dss-platform`` is remote)."""
+
+
+@dataclass(frozen=True)
+class TransportSpec(_Spec):
+    """A transport between client and server.
+
+    ``factory`` builds the client side; ``server_factory`` hosts an ``RLServer``.
+    ``network_address`` says whether the transport uses host/port; when True and the
+    config leaves them unset, host becomes this node's primary IPv4 and port ``default_port``.
+    """
+
+    server_factory: Any = None
+    network_address: bool = True
+    default_port: int | None = None
+
+    def load_server(self) -> Any:
+        """The server-side factory, importing it when it is a lazy string."""
+        if self.server_factory is None:
+            raise PluginError(f"transport {self.name!r} has no server side")
+        return resolve_factory(self.server_factory, f"TransportSpec {self.name!r} server")
+
+
+@dataclass(frozen=True)
+class EngineSpec(_Spec):
+    """An engine for one job role: ``training``, ``sampling`` or ``log_prob``."""
+
+    role: EngineRole = "training"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.role not in ENGINE_ROLES:
+            raise PluginError(
+                f"EngineSpec {self.name!r}: role {self.role!r} is not one of {list(ENGINE_ROLES)}"
+            )
+
+
+@dataclass(frozen=True)
+class LossSpec(_Spec):
+    """A loss function for ``fwd_bwd``; ``factory`` returns a ``LossFn``."""
+
+    defaults: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""The ``dss-platform`` backend: jobs on a remote platform that owns the GPUs."""

@@ -1,0 +1,1 @@
+"""Built-in engines: DeepSpeed (training, log-prob) and vLLM (sampling, log-prob)."""

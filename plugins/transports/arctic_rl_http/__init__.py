@@ -1,0 +1,1 @@
+"""The ``http`` transport: FastAPI/uvicorn server over RLServer, httpx client."""

@@ -1,0 +1,1 @@
+"""The ``ray`` transport: RLServer as a named detached Ray actor, called directly."""
