@@ -23,8 +23,9 @@ def _plugins_list(args: argparse.Namespace) -> int:
         return 0
     cols = ["name", "kind", "role", "distribution", "version", "status", "error"]
     table = [[str(r.get(c) or "") for c in cols] for r in rows]
-    widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in
-              enumerate(cols)]
+    widths = [
+        max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)
+    ]
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
     for t in table:
         print("  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)).rstrip())
@@ -56,8 +57,10 @@ def _config_check(args: argparse.Namespace) -> int:
         print(f"error: {path}: cannot parse ({exc})", file=sys.stderr)
         return 2
     if not isinstance(data, dict):
-        print(f"error: {path}: expected a mapping of fields, got {type(data).__name__}",
-              file=sys.stderr)
+        print(
+            f"error: {path}: expected a mapping of fields, got {type(data).__name__}",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = ArcticRLClientConfig.model_validate(data)

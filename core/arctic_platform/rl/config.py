@@ -105,7 +105,7 @@ class TrainingConfig(BaseModel):
         if key not in _DTYPE_ALIASES:
             raise ValueError(
                 f"dtype {value!r} is not one of {sorted(set(_DTYPE_ALIASES.values()))} "
-                f"(aliases: {sorted(k for k in _DTYPE_ALIASES if k not in _DTYPE_ALIASES.values())})"
+                f"(aliases: {sorted(k for k in _DTYPE_ALIASES if k != _DTYPE_ALIASES[k])})"
             )
         return _DTYPE_ALIASES[key]
 
@@ -265,12 +265,16 @@ class ArcticRLClientConfig(BaseModel):
     sampling_job_id: int | None = Field(
         default=None,
         ge=0,
-        description="Job ID for reconnecting to an existing sampling job. Not forwarded to `/initialize`.",
+        description=(
+            "Job ID for reconnecting to an existing sampling job. Not forwarded to `/initialize`."
+        ),
     )
     log_prob_job_id: int | None = Field(
         default=None,
         ge=0,
-        description="Job ID for reconnecting to an existing log-prob job. Not forwarded to `/initialize`.",
+        description=(
+            "Job ID for reconnecting to an existing log-prob job. Not forwarded to `/initialize`."
+        ),
     )
 
     # Extensions beyond the reference: the engines of the other two roles, by registered name.
@@ -310,8 +314,10 @@ class ArcticRLClientConfig(BaseModel):
     @classmethod
     def _log_ignored_training_fields(cls, value: TrainingConfig | None) -> TrainingConfig | None:
         if value is not None and value.model_extra:
-            logger.debug("training_config: extra fields kept, ignored by the server: %s",
-                         sorted(value.model_extra))
+            logger.debug(
+                "training_config: extra fields kept, ignored by the server: %s",
+                sorted(value.model_extra),
+            )
         return value
 
     @model_validator(mode="after")

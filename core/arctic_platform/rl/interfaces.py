@@ -56,12 +56,19 @@ class TrainingEngine(Engine):
 
     @abstractmethod
     def fwd_bwd(
-        self, batch: dict[str, Any], loss_fn: str = "grpo", loss_config: dict[str, Any] | None = None
+        self,
+        batch: dict[str, Any],
+        loss_fn: str = "grpo",
+        loss_config: dict[str, Any] | None = None,
     ) -> dict[str, float]:
-        """Accumulate gradients of ``loss_fn`` over ``batch``; metrics as ``.sum``/``.tokens`` pairs."""
+        """Accumulate gradients of ``loss_fn`` over ``batch``.
+
+        Returns metrics as ``{name}.sum``/``{name}.tokens`` pairs plus their ratios."""
 
     @abstractmethod
-    def fwd_no_grad(self, batch: dict[str, Any], reference_model: bool = False) -> list[list[float]]:
+    def fwd_no_grad(
+        self, batch: dict[str, Any], reference_model: bool = False
+    ) -> list[list[float]]:
         """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0)."""
 
     @abstractmethod

@@ -144,8 +144,9 @@ def _row_count(name: str, value: Any) -> int:
     return len(value)
 
 
-def validate_batch(batch: Any, *, vocab_size: int | None = None,
-                   max_length: int | None = None) -> dict[str, Any]:
+def validate_batch(
+    batch: Any, *, vocab_size: int | None = None, max_length: int | None = None
+) -> dict[str, Any]:
     """Check a training batch's fields and shapes; returns it with ``advantages`` per token.
 
     Raises BatchError naming the field and row for: missing ``input_ids``, an empty batch,

@@ -51,7 +51,10 @@ def build_tokenizer(path: str | Path, vocab_size: int = 512, seed: int = 0) -> P
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     # Digits are split one by one so a digit string is one token per digit.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

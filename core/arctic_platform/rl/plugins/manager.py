@@ -77,9 +77,7 @@ class ArcticRLPluginManager(pluggy.PluginManager):
         if unknown:
             self.unregister(plugin)
             record.status = "failed"
-            record.error = (
-                f"unknown hook(s) {sorted(unknown)}; known hooks: {sorted(HOOK_KINDS)}"
-            )
+            record.error = f"unknown hook(s) {sorted(unknown)}; known hooks: {sorted(HOOK_KINDS)}"
         else:
             record.status = "loaded"
         self.records[record.name] = record
@@ -122,7 +120,7 @@ class ArcticRLPluginManager(pluggy.PluginManager):
                 record.status = "duplicate"
                 record.error = (
                     f"entry point {ep.name!r} is provided by both {seen[ep.name]!r} "
-                    f"and {dist}:{ep.value!r}; the second one is ignored"
+                    f"and '{dist}:{ep.value}'; the second one is ignored"
                 )
                 self.records[f"{ep.name} ({dist})"] = record
                 logger.warning(record.error)

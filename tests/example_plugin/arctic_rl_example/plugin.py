@@ -1,0 +1,19 @@
+"""Hook implementations: what this package adds to Arctic RL."""
+
+from arctic_platform.rl.plugins import BackendSpec, LossSpec, hookimpl
+
+
+@hookimpl
+def arctic_rl_register_backends():
+    """The attach-only ``example`` backend."""
+    yield BackendSpec(
+        name="example",
+        factory="arctic_rl_example.backend:AttachOnlyBackend",
+        description="attach to a running Arctic RL server; never start one",
+    )
+
+
+@hookimpl
+def arctic_rl_register_losses():
+    """The ``example-loss`` loss."""
+    yield LossSpec(name="example-loss", factory="arctic_rl_example.loss:make_loss")

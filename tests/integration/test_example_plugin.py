@@ -1,0 +1,88 @@
+"""A real third-party package, pip-installed, adds a backend and a loss by entry point alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "example_plugin"
+
+
+@pytest.fixture(scope="module")
+def installed_example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """pip-installs tests/example_plugin into its own target dir; returns the env to use it."""
+    target = tmp_path_factory.mktemp("example-site")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
+        check=True,
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(target), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("ARCTIC_RL_PLUGINS", None)
+    env.pop("ARCTIC_RL_DISABLE_PLUGINS", None)
+    return env
+
+
+def test_config_accepts_the_example_backend_in_a_clean_process(installed_example):
+    program = (
+        "from arctic_platform.rl.config import ArcticRLClientConfig\n"
+        "from arctic_platform.rl.plugins import get_registry\n"
+        "c = ArcticRLClientConfig(backend='example', model_name='m', host='127.0.0.1')\n"
+        "assert c.backend == 'example', c.backend\n"
+        "assert get_registry().get('loss', 'example-loss').load().__name__ == 'make_loss'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program],
+        env=installed_example,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "ok"
+
+
+def test_plugins_list_shows_the_example_plugin(installed_example):
+    out = subprocess.run(
+        [sys.executable, "-m", "arctic_platform.rl.cli", "plugins", "list", "--json"],
+        env=installed_example,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {(r["kind"], r["name"]): r for r in json.loads(out)}
+    backend = rows[("backend", "example")]
+    assert backend["distribution"] == "arctic-rl-example-plugin"
+    assert backend["version"] == "0.2.0" and backend["status"] == "loaded"
+    assert rows[("loss", "example-loss")]["status"] == "loaded"
+
+
+def test_without_the_package_the_example_backend_is_unknown():
+    program = (
+        "from pydantic import ValidationError\n"
+        "from arctic_platform.rl.config import ArcticRLClientConfig\n"
+        "try:\n"
+        "    ArcticRLClientConfig(backend='example', model_name='m')\n"
+        "except ValidationError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Unknown backend 'example'" in out
