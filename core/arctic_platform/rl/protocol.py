@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.errors import InvalidRequestError
 
 FRAME_CONTENT_TYPE = "application/octet-stream"
 _SKELETON_KEY = "arctic_rl.skeleton"
@@ -25,11 +25,11 @@ BATCH_FIELDS = ("input_ids", "loss_mask", "advantages", "old_log_probs", "ref_lo
 PER_TOKEN_FIELDS = ("loss_mask", "old_log_probs", "ref_log_probs")
 
 
-class FrameError(ArcticRLError, ValueError):
+class FrameError(InvalidRequestError):
     """A frame that cannot be decoded (corrupt, oversized or of an unknown layout)."""
 
 
-class BatchError(ArcticRLError, ValueError):
+class BatchError(InvalidRequestError):
     """A training batch with missing fields, ragged shapes that disagree, or bad values."""
 
 

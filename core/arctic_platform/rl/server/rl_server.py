@@ -1,0 +1,444 @@
+"""``RLServer``: every server operation, transport-free.
+
+Transports (http, ray) call ``RLServer.handle(name, payload)`` or the typed methods directly;
+each method takes its validated request model from ``arctic_platform.rl.wire`` and returns
+plain data (dicts, lists, numbers).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from arctic_platform.rl import __version__, wire
+from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobStateError
+from arctic_platform.rl.operations import BY_NAME
+from arctic_platform.rl.protocol import validate_batch
+from arctic_platform.rl.server.jobs import Job, JobManager, JobState
+
+logger = logging.getLogger(__name__)
+
+_IDEMPOTENCY_CACHE = 1024
+
+
+def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges spreading ``items`` over ``parts`` as evenly as possible."""
+    n = len(items)
+    parts = max(1, min(parts, n))
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+class RLServer:
+    """The server's operations over a ``JobManager`` on Ray."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        num_gpus: int = 0,
+        ray_auto_attach: bool = True,
+        ray_address: str | None = None,
+        op_timeout: float = 900.0,
+        monitor_interval: float = 5.0,
+    ) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.num_gpus = num_gpus
+        self.ray_auto_attach = ray_auto_attach
+        self.ray_address = ray_address
+        self.jobs = JobManager(self.run_dir, op_timeout=op_timeout)
+        self.cluster: Any = None
+        self.started_at = time.time()
+        self.monitor_interval = monitor_interval
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._idempotent: dict[int, OrderedDict[str, Any]] = defaultdict(OrderedDict)
+        self._counts: dict[str, int] = defaultdict(int)
+        self._errors: dict[str, int] = defaultdict(int)
+        self._seconds: dict[str, float] = defaultdict(float)
+        self.shutdown_requested = threading.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> RLServer:
+        """Start or attach to Ray and begin watching job health."""
+        from arctic_platform.rl.server.ray_cluster import start_or_attach
+
+        self.cluster = start_or_attach(
+            num_gpus=self.num_gpus,
+            run_dir=self.run_dir,
+            ray_auto_attach=self.ray_auto_attach,
+            address=self.ray_address,
+        )
+        self._monitor = threading.Thread(target=self._watch, daemon=True, name="job-monitor")
+        self._monitor.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.monitor_interval):
+            try:
+                self.jobs.check_alive()
+            except Exception as exc:  # never let the monitor die
+                logger.warning("job monitor: %s", exc)
+
+    def close(self) -> None:
+        """Destroy every job and leave Ray (a cluster started here stops with it)."""
+        self._stop.set()
+        self.jobs.destroy_all()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        """Validate ``payload`` against operation ``name``'s request model and run it."""
+        op = BY_NAME.get(name)
+        if op is None:
+            raise InvalidRequestError(f"unknown operation {name!r}")
+        try:
+            request = op.request.model_validate(payload or {})
+        except ValidationError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        started = time.monotonic()
+        self._counts[name] += 1
+        try:
+            return getattr(self, name)(request)
+        except ArcticRLError:
+            self._errors[name] += 1
+            raise
+        except Exception:
+            self._errors[name] += 1
+            raise
+        finally:
+            self._seconds[name] += time.monotonic() - started
+
+    # --- control ------------------------------------------------------------------------
+
+    def health(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
+        """Liveness: answers without touching Ray."""
+        return {"status": "ok", "version": __version__, "uptime": time.time() - self.started_at}
+
+    def status(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
+        """Every job's public view, and the cluster."""
+        cluster = None
+        if self.cluster is not None:
+            cluster = {
+                "cpu_mode": self.cluster.cpu_mode,
+                "started_here": self.cluster.started_here,
+                "gpus": self.cluster.resources.get("GPU", 0),
+            }
+        return {
+            "version": __version__,
+            "jobs": [job.describe() for job in self.jobs.jobs.values()],
+            "cluster": cluster,
+        }
+
+    def metrics(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
+        """Request counts, errors and seconds per operation; job counts per state."""
+        states: dict[str, int] = defaultdict(int)
+        for job in self.jobs.jobs.values():
+            states[job.state.value] += 1
+        return {
+            "requests": dict(self._counts),
+            "errors": dict(self._errors),
+            "seconds": {k: round(v, 6) for k, v in self._seconds.items()},
+            "jobs_by_state": dict(states),
+        }
+
+    def get_job(self, request: wire.JobRequest) -> dict[str, Any]:
+        """One job's public view."""
+        return self.jobs.get(request.job_id).describe()
+
+    def initialize(self, request: wire.InitializeRequest) -> dict[str, Any]:
+        """Create one job; returns its id at once while it is placed in the background."""
+        extra = (request.config.get("training_config") or {})
+        if isinstance(extra, dict):
+            from arctic_platform.rl.config import TrainingConfig
+
+            known = set(TrainingConfig.model_fields)
+            ignored = sorted(set(extra) - known)
+            if ignored:
+                logger.debug("training_config: ignoring extra fields %s", ignored)
+        job = self.jobs.create(request.job_type, request.config)
+        return {"job_id": job.job_id, "state": job.state.value}
+
+    def destroy(self, request: wire.JobRequest) -> dict[str, Any]:
+        """Stop a job and free its GPUs."""
+        self._idempotent.pop(request.job_id, None)
+        return self.jobs.destroy(request.job_id).describe()
+
+    def shutdown(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
+        """Destroy all jobs and ask the transport to stop serving."""
+        self.jobs.destroy_all()
+        self.shutdown_requested.set()
+        return {"status": "shutting down"}
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _all_ranks(self, job: Job, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        refs = [w.call.remote(method, *args, **kwargs) for w in job.workers]
+        return self.jobs.call(job, refs, method)
+
+    def _remember(self, job_id: int, request_id: str | None, result: Any) -> None:
+        if request_id is None:
+            return
+        cache = self._idempotent[job_id]
+        cache[request_id] = result
+        while len(cache) > _IDEMPOTENCY_CACHE:
+            cache.popitem(last=False)
+
+    def _replayed(self, job_id: int, request_id: str | None) -> Any:
+        if request_id is None:
+            return None
+        return self._idempotent[job_id].get(request_id)
+
+    # --- training -----------------------------------------------------------------------
+
+    def fwd_bwd(self, request: wire.FwdBwdRequest) -> dict[str, Any]:
+        """Accumulate gradients on every training rank; returns rank 0's reduced metrics."""
+        job = self.jobs.running(request.job_id, "training")
+        batch = validate_batch(request.batch)
+        with job.lock:
+            previous = self._replayed(job.job_id, request.request_id and f"fb:{request.request_id}")
+            if previous is not None:
+                return {**previous, "replayed": True}
+            results = self._all_ranks(job, "fwd_bwd", batch, request.loss_fn, request.loss_config)
+            result = dict(results[0])
+            self._remember(job.job_id, request.request_id and f"fb:{request.request_id}", result)
+            return result
+
+    def fwd_no_grad(self, request: wire.FwdNoGradRequest) -> dict[str, Any]:
+        """Per-token log-probs from a training job (or a log-prob job)."""
+        job = self.jobs.get(request.job_id)
+        job = self.jobs.running(request.job_id, job.job_type)
+        if job.job_type == "sampling":
+            raise JobStateError(f"job {job.job_id} is a sampling job; fwd_no_grad needs training "
+                                "or log_prob")
+        batch = validate_batch(request.batch)
+        with job.lock:
+            if job.job_type == "training":
+                results = self._all_ranks(job, "fwd_no_grad", batch, request.reference_model)
+                return {"log_probs": results[0]}
+            return {"log_probs": self._spread(job, "fwd_no_grad", batch["input_ids"],
+                                              lambda part: ({"input_ids": part},))}
+
+    def step(self, request: wire.StepRequest) -> dict[str, Any]:
+        """One optimizer step on every rank."""
+        job = self.jobs.running(request.job_id, "training")
+        key = request.request_id and f"step:{request.request_id}"
+        with job.lock:
+            previous = self._replayed(job.job_id, key)
+            if previous is not None:
+                return {**previous, "replayed": True}
+            results = self._all_ranks(job, "step", request.learning_rate)
+            result = dict(results[0])
+            self._remember(job.job_id, key, result)
+            return result
+
+    def checkpoint_root(self, job: Job) -> Path:
+        """Where a training job's checkpoints live; request paths are confined to it."""
+        root = self.run_dir / "checkpoints" / f"job_{job.job_id}"
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+    def _confined(self, job: Job, path: str) -> Path:
+        root = self.checkpoint_root(job).resolve()
+        candidate = Path(path)
+        if not candidate.is_absolute():
+            candidate = root / candidate
+        resolved = candidate.resolve()
+        if resolved != root and root not in resolved.parents:
+            raise InvalidRequestError(
+                f"checkpoint path {path!r} is outside the job's checkpoint root {root}"
+            )
+        return resolved
+
+    def save_checkpoint(self, request: wire.SaveCheckpointRequest) -> dict[str, Any]:
+        """Save full training state on every rank; returns the checkpoint path and step."""
+        job = self.jobs.running(request.job_id, "training")
+        if request.tag is not None:
+            self._confined(job, request.tag)
+        root = self.checkpoint_root(job)
+        with job.lock:
+            paths = self._all_ranks(job, "save_checkpoint", str(root), request.tag)
+            step = self.jobs.call(job, [job.workers[0].global_step.remote()], "save_checkpoint")[0]
+            job.latest_checkpoint = str(paths[0])
+            job.checkpoints[int(step)] = str(paths[0])
+            return {"path": str(paths[0]), "global_step": int(step)}
+
+    def load_checkpoint(self, request: wire.LoadCheckpointRequest) -> dict[str, Any]:
+        """Load by path, by step, or the latest checkpoint; returns the restored global step."""
+        job = self.jobs.running(request.job_id, "training")
+        if request.path is not None:
+            target = self._confined(job, request.path)
+        elif request.step is not None:
+            known = job.checkpoints.get(request.step)
+            if known is None:
+                raise InvalidRequestError(
+                    f"job {job.job_id} has no checkpoint at step {request.step}; saved steps: "
+                    f"{sorted(job.checkpoints)}"
+                )
+            target = Path(known)
+        elif job.latest_checkpoint is not None:
+            target = Path(job.latest_checkpoint)
+        else:
+            raise InvalidRequestError(f"job {job.job_id} has no checkpoint yet")
+        if not target.exists():
+            raise InvalidRequestError(f"checkpoint {target} does not exist")
+        with job.lock:
+            steps = self._all_ranks(job, "load_checkpoint", str(target))
+            self._idempotent.pop(job.job_id, None)
+            return {"global_step": int(steps[0]), "path": str(target)}
+
+    def empty_training_cache(self, request: wire.JobRequest) -> dict[str, Any]:
+        """Release cached allocator memory on the training ranks."""
+        job = self.jobs.running(request.job_id, "training")
+        with job.lock:
+            self._all_ranks(job, "empty_cache")
+        return {"ok": True}
+
+    # --- inference ----------------------------------------------------------------------
+
+    def _spread(self, job: Job, method: str, items: list[Any], make_args: Any) -> list[Any]:
+        """Split ``items`` over the job's replicas, call them in parallel, rejoin in order."""
+        ranges = _split(items, len(job.workers))
+        refs = [
+            job.workers[i].call.remote(method, *make_args(items[a:b]))
+            for i, (a, b) in enumerate(ranges)
+        ]
+        out: list[Any] = []
+        for part in self.jobs.call(job, refs, method):
+            out.extend(part)
+        return out
+
+    def generate(self, request: wire.GenerateRequest) -> dict[str, Any]:
+        """Rollouts spread over the sampling replicas; reports the served weight version."""
+        job = self.jobs.running(request.job_id, "sampling")
+        params = dict(request.sampling_params)
+        prompts = list(request.prompts)
+        outputs = self._spread(job, "generate", prompts, lambda part: (part, params))
+        return {"outputs": outputs, "weight_version": job.weight_version}
+
+    def log_probs(self, request: wire.LogProbsRequest) -> dict[str, Any]:
+        """Log-probs of completions from the log-prob job's replicas."""
+        job = self.jobs.running(request.job_id, "log_prob")
+        if len(request.prompts) != len(request.completions):
+            raise InvalidRequestError(
+                f"{len(request.prompts)} prompts but {len(request.completions)} completions"
+            )
+        pairs = list(zip(request.prompts, request.completions, strict=True))
+        outputs = self._spread(
+            job,
+            "log_probs",
+            pairs,
+            lambda part: ([p for p, _ in part], [c for _, c in part], request.top_k),
+        )
+        return {"outputs": outputs, "weight_version": job.weight_version}
+
+    def reset_prefix_cache(self, request: wire.JobRequest) -> dict[str, Any]:
+        """Drop cached prefixes on every replica of a sampling or log-prob job."""
+        job = self.jobs.get(request.job_id)
+        job = self.jobs.running(request.job_id, job.job_type)
+        if job.job_type == "training":
+            raise JobStateError(f"job {job.job_id} is a training job; it has no prefix cache")
+        self._all_ranks(job, "reset_prefix_cache")
+        return {"ok": True}
+
+    # --- weights ------------------------------------------------------------------------
+
+    def sync_weights(self, request: wire.SyncWeightsRequest) -> dict[str, Any]:
+        """Gather the training weights and load them into every target replica in place."""
+        import ray
+
+        trainer = self.jobs.running(request.training_job_id, "training")
+        targets = [self.jobs.running(j, "sampling") for j in request.sampling_job_ids]
+        targets += [self.jobs.running(j, "log_prob") for j in request.log_prob_job_ids]
+        if not targets:
+            raise InvalidRequestError("sync_weights needs at least one sampling or log-prob job")
+        started = time.monotonic()
+        with trainer.lock:
+            refs = [w.export_weights.remote() for w in trainer.workers]
+            blobs = self.jobs.call(trainer, refs, "sync_weights (export)")
+        blob_ref = ray.put(blobs[0])
+        nbytes = len(blobs[0])
+        for job in targets:
+            with job.lock:
+                self.jobs.call(job, [w.import_weights.remote(blob_ref) for w in job.workers],
+                               "sync_weights (load)")
+                job.weight_version += 1
+        seconds = time.monotonic() - started
+        version = max(job.weight_version for job in targets)
+        return {
+            "weight_version": version,
+            "bytes": nbytes,
+            "seconds": seconds,
+            "bandwidth_gbps": nbytes * len(targets) / seconds / 1e9 if seconds > 0 else None,
+            "jobs": {job.job_id: job.weight_version for job in targets},
+        }
+
+    def weight_norm(self, request: wire.WeightNormRequest) -> dict[str, Any]:
+        """L2 norm of each job's weights (every replica; they must agree)."""
+        norms: dict[str, Any] = {}
+        for job_id in request.job_ids:
+            job = self.jobs.get(job_id)
+            job = self.jobs.running(job_id, job.job_type)
+            with job.lock:
+                values = self._all_ranks(job, "weight_norm")
+            norms[str(job_id)] = {"job_type": job.job_type, "norm": float(values[0]),
+                                  "replicas": [float(v) for v in values]}
+        return {"norms": norms}
+
+    # --- memory -------------------------------------------------------------------------
+
+    def _sleep_or_wake(self, request: wire.SleepRequest, roles: tuple[str, ...],
+                       method: str) -> dict[str, Any]:
+        job = self.jobs.get(request.job_id)
+        if job.job_type not in roles:
+            raise JobStateError(
+                f"job {job.job_id} is a {job.job_type} job; this operation is for {'/'.join(roles)}"
+            )
+        job = self.jobs.running(request.job_id, job.job_type)
+        with job.lock:
+            args = (request.level,) if method == "sleep" else ()
+            results = self._all_ranks(job, method, *args)
+        return {"job_id": job.job_id, "results": results}
+
+    def sleep_inference(self, request: wire.SleepRequest) -> dict[str, Any]:
+        """Sleep a sampling job."""
+        return self._sleep_or_wake(request, ("sampling",), "sleep")
+
+    def wake_inference(self, request: wire.SleepRequest) -> dict[str, Any]:
+        """Wake a sampling job."""
+        return self._sleep_or_wake(request, ("sampling",), "wake")
+
+    def sleep_training(self, request: wire.SleepRequest) -> dict[str, Any]:
+        """Offload a training job's state."""
+        return self._sleep_or_wake(request, ("training",), "sleep")
+
+    def wake_training(self, request: wire.SleepRequest) -> dict[str, Any]:
+        """Bring a training job's state back."""
+        return self._sleep_or_wake(request, ("training",), "wake")
+
+    def sleep_log_prob(self, request: wire.SleepRequest) -> dict[str, Any]:
+        """Sleep a log-prob job."""
+        return self._sleep_or_wake(request, ("log_prob",), "sleep")
+
+    def wake_log_prob(self, request: wire.SleepRequest) -> dict[str, Any]:
+        """Wake a log-prob job."""
+        return self._sleep_or_wake(request, ("log_prob",), "wake")
+
+
+__all__ = ["JobState", "RLServer"]

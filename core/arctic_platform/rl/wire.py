@@ -1,0 +1,102 @@
+"""Request models of every server operation (pydantic), shared by server and client."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobType = Literal["training", "sampling", "log_prob"]
+JOB_TYPES: tuple[JobType, ...] = ("training", "sampling", "log_prob")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InitializeRequest(_Request):
+    """Create one job of ``job_type`` from a client config (without job ids)."""
+
+    job_type: JobType
+    config: dict[str, Any]
+
+
+class JobRequest(_Request):
+    """An operation on one job."""
+
+    job_id: int = Field(ge=0)
+
+
+class FwdBwdRequest(JobRequest):
+    """Forward/backward of ``loss_fn`` over ``batch``; ``request_id`` makes a retry safe."""
+
+    batch: dict[str, Any]
+    loss_fn: str = "grpo"
+    loss_config: dict[str, Any] | None = None
+    request_id: str | None = Field(default=None, max_length=128)
+
+
+class FwdNoGradRequest(JobRequest):
+    """Per-token log-probs of ``batch`` from the training (or reference) model."""
+
+    batch: dict[str, Any]
+    reference_model: bool = False
+
+
+class StepRequest(JobRequest):
+    """One optimizer step, optionally at ``learning_rate``."""
+
+    learning_rate: float | None = Field(default=None, gt=0)
+    request_id: str | None = Field(default=None, max_length=128)
+
+
+class SaveCheckpointRequest(JobRequest):
+    """Save the training state under the job's checkpoint root as ``tag``."""
+
+    tag: str | None = Field(default=None, max_length=200)
+
+
+class LoadCheckpointRequest(JobRequest):
+    """Load a checkpoint by ``path`` (inside the checkpoint root) or ``step`` (latest if neither)."""
+
+    path: str | None = None
+    step: int | None = Field(default=None, ge=0)
+
+
+class GenerateRequest(JobRequest):
+    """Sample completions for ``prompts`` (strings or token-id lists)."""
+
+    prompts: list[str] | list[list[int]] = Field(min_length=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LogProbsRequest(JobRequest):
+    """Log-probs of ``completions`` given ``prompts`` (token ids), with ``top_k`` alternatives."""
+
+    prompts: list[list[int]] = Field(min_length=1)
+    completions: list[list[int]] = Field(min_length=1)
+    top_k: int = Field(default=1, ge=0, le=20)
+
+
+class SyncWeightsRequest(_Request):
+    """Copy the training job's weights into sampling and log-prob jobs."""
+
+    training_job_id: int = Field(ge=0)
+    sampling_job_ids: list[int] = Field(default_factory=list)
+    log_prob_job_ids: list[int] = Field(default_factory=list)
+
+
+class WeightNormRequest(_Request):
+    """L2 norms of the weights of the given jobs."""
+
+    job_ids: list[int] = Field(min_length=1)
+
+
+class SleepRequest(JobRequest):
+    """Release (sleep) or reclaim (wake) a job's device memory."""
+
+    level: int = Field(default=1, ge=1, le=2)
+
+
+class EmptyRequest(_Request):
+    """An operation that takes no arguments."""
