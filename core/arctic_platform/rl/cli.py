@@ -76,6 +76,60 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import signal
+
+    from arctic_platform.rl.errors import ArcticRLError
+    from arctic_platform.rl.network import is_loopback
+    from arctic_platform.rl.plugins import get_registry
+    from arctic_platform.rl.run_dirs import server_run_dir
+    from arctic_platform.rl.server import RLServer
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    token = os.environ.get("ARCTIC_RL_TOKEN")
+    if args.token_file:
+        token = Path(args.token_file).read_text().strip() or None
+    if token is None and not is_loopback(args.host):
+        print(f"error: refusing to serve on non-loopback address {args.host} without a token "
+              "(--token-file or ARCTIC_RL_TOKEN)", file=sys.stderr)
+        return 2
+    spec = get_registry().get("transport", args.transport, field="--transport")
+    serve = spec.load_server()
+    run_dir = Path(args.run_dir) if args.run_dir else server_run_dir(args.host, args.port)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    server = RLServer(
+        run_dir,
+        num_gpus=args.num_gpus,
+        ray_auto_attach=not args.no_ray_auto_attach,
+        ray_address=args.ray_address,
+        op_timeout=args.op_timeout,
+    )
+
+    def _stop(signum: int, _frame: object) -> None:
+        server.shutdown_requested.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    pid_file = run_dir / "server.pid"
+    pid_file.write_text(str(os.getpid()))
+    try:
+        server.start()
+        serve(server, args.host, args.port, token)
+    except ArcticRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        server.close()
+        if pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``arctic-rl`` with every subcommand."""
     parser = argparse.ArgumentParser(prog="arctic-rl", description=__doc__)
@@ -94,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", help="a .json or .yaml file of ArcticRLClientConfig fields")
     check.add_argument("-v", "--verbose", action="store_true", help="print the resolved config")
     check.set_defaults(handler=_config_check)
+
+    serve = sub.add_parser("serve", help="run an Arctic RL server (jobs on Ray)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind")
+    serve.add_argument("--port", type=int, default=7000)
+    serve.add_argument("--transport", default="http", help="a registered transport")
+    serve.add_argument("--token-file", help="file holding the bearer token clients must send")
+    serve.add_argument("--run-dir", help="state directory (default: under $ARCTIC_RL_HOME)")
+    serve.add_argument("--num-gpus", type=int, default=1,
+                       help="logical GPUs for a fresh Ray cluster in CPU mode")
+    serve.add_argument("--ray-address", help="attach to the Ray cluster at this address")
+    serve.add_argument("--no-ray-auto-attach", action="store_true",
+                       help="always start a fresh Ray cluster")
+    serve.add_argument("--op-timeout", type=float, default=900.0,
+                       help="seconds before an engine call times out")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(handler=_serve)
     return parser
 
 

@@ -1,6 +1,6 @@
 """Registers the ``local`` backend."""
 
-from arctic_platform.rl.plugins import BackendSpec, hookimpl, not_implemented_yet
+from arctic_platform.rl.plugins import BackendSpec, hookimpl
 
 
 @hookimpl
@@ -8,6 +8,6 @@ def arctic_rl_register_backends():  # type: ignore[no-untyped-def]
     """The local backend: server subprocess and Ray cluster on this node."""
     yield BackendSpec(
         name="local",
-        factory=not_implemented_yet("the 'local' backend"),
+        factory="arctic_rl_local.backend:LocalBackend",
         description="start or attach to an Arctic RL server and a Ray cluster on this node",
     )

@@ -1,0 +1,352 @@
+"""``ArcticRLClient`` (blocking) and ``AsyncArcticRLClient``: the one client an RL loop uses.
+
+A new client starts its backend (local: reach or launch the server), then creates the jobs
+in the order sampling, log-prob, training and waits for each to run. With job ids in the
+config it reattaches to running jobs instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from arctic_platform.rl.config import ArcticRLClientConfig
+from arctic_platform.rl.errors import JobError, JobStateError, TransportError
+from arctic_platform.rl.interfaces import Backend, ClientTransport
+
+logger = logging.getLogger(__name__)
+
+JOB_ORDER = ("sampling", "log_prob", "training")
+T = TypeVar("T")
+
+
+def _gpus(config: ArcticRLClientConfig, job_type: str) -> int:
+    return int(getattr(config, f"{job_type}_gpus"))
+
+
+class ArcticRLClient:
+    """Drives the training, sampling and log-prob jobs of one RL run."""
+
+    def __init__(self, config: ArcticRLClientConfig | dict[str, Any], *,
+                 progress: bool = True) -> None:
+        from arctic_platform.rl.plugins import get_registry
+
+        self.config = (
+            config if isinstance(config, ArcticRLClientConfig)
+            else ArcticRLClientConfig.model_validate(config)
+        )
+        self.progress = progress
+        self.job_ids: dict[str, int | None] = {t: None for t in JOB_ORDER}
+        self._closed = False
+        self.backend: Backend = get_registry().get("backend", self.config.backend).create()
+        self.transport: ClientTransport = self.backend.start(self.config)
+        self.owns_jobs = not self.config.reconnect_mode
+        try:
+            if self.config.reconnect_mode:
+                self._attach_jobs()
+            else:
+                self._create_jobs()
+        except BaseException:
+            self.transport.close()
+            raise
+
+    # --- start-up -----------------------------------------------------------------------
+
+    def _attach_jobs(self) -> None:
+        for job_type in JOB_ORDER:
+            job_id = getattr(self.config, f"{job_type}_job_id")
+            if job_id is None:
+                continue
+            info = self.transport.call("get_job", {"job_id": job_id})
+            if info["job_type"] != job_type:
+                raise JobError(f"{job_type}_job_id={job_id} is a {info['job_type']} job")
+            if info["state"] != "running":
+                raise JobStateError(
+                    f"cannot reconnect: {job_type} job {job_id} is {info['state']}"
+                    + (f" ({info['reason']})" if info.get("reason") else "")
+                )
+            self.job_ids[job_type] = job_id
+
+    def _create_jobs(self) -> None:
+        payload = self.config.initialize_payload()
+        for job_type in JOB_ORDER:
+            if _gpus(self.config, job_type) <= 0:
+                continue
+            answer = self.transport.call("initialize", {"job_type": job_type, "config": payload})
+            job_id = int(answer["job_id"])
+            self.job_ids[job_type] = job_id
+            try:
+                self._wait_running(job_type, job_id)
+            except BaseException:
+                self._destroy_jobs()
+                raise
+
+    def _wait_running(self, job_type: str, job_id: int) -> None:
+        timeout = self.config.job_ready_timeout
+        deadline = time.monotonic() + timeout
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=None, desc=f"{job_type} job {job_id}", file=sys.stderr,
+                       bar_format="{desc}: {postfix} [{elapsed}]", leave=True)
+        try:
+            while True:
+                info = self.transport.call("get_job", {"job_id": job_id})
+                state = info["state"]
+                if bar is not None:
+                    bar.set_postfix_str(state)
+                if state == "running":
+                    return
+                if state in ("failed", "cancelled", "terminated"):
+                    raise JobError(f"{job_type} job {job_id} is {state}: {info.get('reason')}")
+                if time.monotonic() > deadline:
+                    raise JobError(
+                        f"{job_type} job {job_id} was still {state} after "
+                        f"job_ready_timeout={timeout}s"
+                    )
+                time.sleep(min(1.0, self.config.health_check_interval))
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _destroy_jobs(self) -> None:
+        for job_type in JOB_ORDER:
+            job_id = self.job_ids.get(job_type)
+            if job_id is not None:
+                try:
+                    self.transport.call("destroy", {"job_id": job_id})
+                except Exception as exc:
+                    logger.warning("could not destroy %s job %s: %s", job_type, job_id, exc)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _job(self, job_type: str) -> int:
+        job_id = self.job_ids.get(job_type)
+        if job_id is None:
+            raise JobError(
+                f"this client has no {job_type} job (set {job_type}_gpus > 0, or "
+                f"{job_type}_job_id to reconnect)"
+            )
+        return job_id
+
+    def _call_retrying(self, operation: str, payload: dict[str, Any], attempts: int = 3) -> Any:
+        """Retry a call that carries a request id: the server applies it at most once."""
+        for attempt in range(attempts):
+            try:
+                return self.transport.call(operation, payload)
+            except TransportError as exc:
+                if getattr(exc, "status_code", None) is not None or attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    # --- training -----------------------------------------------------------------------
+
+    def fwd_bwd(self, batch: dict[str, Any], loss_fn: str = "grpo",
+                loss_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...)."""
+        payload = {"job_id": self._job("training"), "batch": batch, "loss_fn": loss_fn,
+                   "loss_config": loss_config, "request_id": uuid.uuid4().hex}
+        return dict(self._call_retrying("fwd_bwd", payload))
+
+    def fwd_no_grad(self, batch: dict[str, Any], reference_model: bool = False) -> list[list[float]]:
+        """Per-token log-probs from the training model (or its frozen reference copy)."""
+        payload = {"job_id": self._job("training"), "batch": batch,
+                   "reference_model": reference_model}
+        return list(self.transport.call("fwd_no_grad", payload)["log_probs"])
+
+    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
+        """One optimizer step: ``global_step``, ``lr``, ``grad_norm``."""
+        payload = {"job_id": self._job("training"), "learning_rate": learning_rate,
+                   "request_id": uuid.uuid4().hex}
+        return dict(self._call_retrying("step", payload))
+
+    def save_checkpoint(self, tag: str | None = None) -> str:
+        """Save the full training state; returns the checkpoint path."""
+        return str(self.transport.call("save_checkpoint",
+                                       {"job_id": self._job("training"), "tag": tag})["path"])
+
+    def load_checkpoint(self, path: str | None = None, step: int | None = None) -> int:
+        """Load a checkpoint (by path, by step, or the latest); returns the global step."""
+        answer = self.transport.call(
+            "load_checkpoint", {"job_id": self._job("training"), "path": path, "step": step}
+        )
+        return int(answer["global_step"])
+
+    def empty_training_cache(self) -> None:
+        """Release cached device memory on the training ranks."""
+        self.transport.call("empty_training_cache", {"job_id": self._job("training")})
+
+    # --- inference ----------------------------------------------------------------------
+
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions) and ``weight_version``."""
+        return dict(self.transport.call(
+            "generate", {"job_id": self._job("sampling"), "prompts": prompts,
+                         "sampling_params": sampling_params or {}}
+        ))
+
+    def log_probs(self, prompts: list[list[int]], completions: list[list[int]],
+                  top_k: int = 1) -> dict[str, Any]:
+        """Per completion token log-probs (and top-k) from the log-prob job."""
+        return dict(self.transport.call(
+            "log_probs", {"job_id": self._job("log_prob"), "prompts": prompts,
+                          "completions": completions, "top_k": top_k}
+        ))
+
+    def sync_weights(self) -> dict[str, Any]:
+        """Copy the training weights into the sampling and log-prob jobs."""
+        payload = {
+            "training_job_id": self._job("training"),
+            "sampling_job_ids": [j for j in [self.job_ids["sampling"]] if j is not None],
+            "log_prob_job_ids": [j for j in [self.job_ids["log_prob"]] if j is not None],
+        }
+        return dict(self.transport.call("sync_weights", payload))
+
+    def weight_norm(self) -> dict[str, float]:
+        """L2 norm of each job's weights, by job type (equal after a sync)."""
+        ids = {t: j for t, j in self.job_ids.items() if j is not None}
+        answer = self.transport.call("weight_norm", {"job_ids": list(ids.values())})
+        return {t: float(answer["norms"][str(j)]["norm"]) for t, j in ids.items()}
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes on the sampling and log-prob jobs."""
+        for job_type in ("sampling", "log_prob"):
+            job_id = self.job_ids.get(job_type)
+            if job_id is not None:
+                self.transport.call("reset_prefix_cache", {"job_id": job_id})
+
+    def _memory(self, operation: str, job_type: str) -> dict[str, Any]:
+        return dict(self.transport.call(operation, {"job_id": self._job(job_type)}))
+
+    def sleep_inference(self) -> dict[str, Any]:
+        """Release the sampling job's device memory (a reported no-op where unsupported)."""
+        return self._memory("sleep_inference", "sampling")
+
+    def wake_inference(self) -> dict[str, Any]:
+        """Reclaim the sampling job's device memory."""
+        return self._memory("wake_inference", "sampling")
+
+    def sleep_training(self) -> dict[str, Any]:
+        """Offload the training job's state."""
+        return self._memory("sleep_training", "training")
+
+    def wake_training(self) -> dict[str, Any]:
+        """Bring the training job's state back."""
+        return self._memory("wake_training", "training")
+
+    def sleep_log_prob(self) -> dict[str, Any]:
+        """Release the log-prob job's device memory."""
+        return self._memory("sleep_log_prob", "log_prob")
+
+    def wake_log_prob(self) -> dict[str, Any]:
+        """Reclaim the log-prob job's device memory."""
+        return self._memory("wake_log_prob", "log_prob")
+
+    # --- state and teardown -------------------------------------------------------------
+
+    def get_server_state(self) -> dict[str, Any]:
+        """The server's ``/status``: every job and the cluster."""
+        return dict(self.transport.call("status"))
+
+    def reconnect_config(self) -> ArcticRLClientConfig:
+        """A config another process can use to attach to these jobs."""
+        return self.config.for_reconnect(
+            training_job_id=self.job_ids["training"],
+            sampling_job_id=self.job_ids["sampling"],
+            log_prob_job_id=self.job_ids["log_prob"],
+            host=self.config.host,
+            port=self.config.port,
+        )
+
+    def close(self) -> None:
+        """Disconnect and leave the jobs and the server running."""
+        if not self._closed:
+            self._closed = True
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """Stop the jobs, the server and the Ray cluster that the backend started."""
+        if self._closed:
+            return
+        try:
+            self._destroy_jobs()
+        finally:
+            self._closed = True
+            try:
+                self.backend.stop()
+            finally:
+                self.transport.close()
+
+    def __enter__(self) -> ArcticRLClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owns_jobs:
+            self.shutdown()
+        else:
+            self.close()
+
+
+def _to_thread(method: Callable[..., T]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(self: AsyncArcticRLClient, *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(method, self._client, *args, **kwargs)
+
+    return wrapper
+
+
+class AsyncArcticRLClient:
+    """The same methods as ``ArcticRLClient``, as coroutines; create with ``await create(config)``."""
+
+    def __init__(self, client: ArcticRLClient) -> None:
+        self._client = client
+
+    @classmethod
+    async def create(cls, config: ArcticRLClientConfig | dict[str, Any],
+                     **kwargs: Any) -> AsyncArcticRLClient:
+        """Start (or reconnect) the client without blocking the event loop."""
+        return cls(await asyncio.to_thread(ArcticRLClient, config, **kwargs))
+
+    @property
+    def job_ids(self) -> dict[str, int | None]:
+        return self._client.job_ids
+
+    def reconnect_config(self) -> ArcticRLClientConfig:
+        """A config another process can use to attach to these jobs."""
+        return self._client.reconnect_config()
+
+    generate = _to_thread(ArcticRLClient.generate)
+    log_probs = _to_thread(ArcticRLClient.log_probs)
+    fwd_bwd = _to_thread(ArcticRLClient.fwd_bwd)
+    fwd_no_grad = _to_thread(ArcticRLClient.fwd_no_grad)
+    step = _to_thread(ArcticRLClient.step)
+    sync_weights = _to_thread(ArcticRLClient.sync_weights)
+    save_checkpoint = _to_thread(ArcticRLClient.save_checkpoint)
+    load_checkpoint = _to_thread(ArcticRLClient.load_checkpoint)
+    empty_training_cache = _to_thread(ArcticRLClient.empty_training_cache)
+    weight_norm = _to_thread(ArcticRLClient.weight_norm)
+    reset_prefix_cache = _to_thread(ArcticRLClient.reset_prefix_cache)
+    sleep_inference = _to_thread(ArcticRLClient.sleep_inference)
+    wake_inference = _to_thread(ArcticRLClient.wake_inference)
+    sleep_training = _to_thread(ArcticRLClient.sleep_training)
+    wake_training = _to_thread(ArcticRLClient.wake_training)
+    sleep_log_prob = _to_thread(ArcticRLClient.sleep_log_prob)
+    wake_log_prob = _to_thread(ArcticRLClient.wake_log_prob)
+    get_server_state = _to_thread(ArcticRLClient.get_server_state)
+    close = _to_thread(ArcticRLClient.close)
+    shutdown = _to_thread(ArcticRLClient.shutdown)
+
+    async def __aenter__(self) -> AsyncArcticRLClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self._client.__exit__, *exc)
