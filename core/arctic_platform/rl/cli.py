@@ -130,6 +130,29 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from arctic_platform.rl.demo import DemoSettings, run_demo
+
+    settings = DemoSettings(
+        steps=args.steps,
+        model_size=args.model_size,
+        transport=args.transport,
+        colocate=args.colocate,
+        seed=args.seed,
+        quiet=args.quiet,
+        learning_rate=args.lr,
+        kl_coef=args.kl_coef,
+    )
+    if args.output_dir:
+        settings.output_dir = Path(args.output_dir)
+    summary = run_demo(settings)
+    gain = summary["last5_reward"] - summary["first5_reward"]
+    print(f"mean reward: first 5 steps {summary['first5_reward']:.3f}, last 5 steps "
+          f"{summary['last5_reward']:.3f} (gain {gain:+.3f}); plot: "
+          f"{settings.output_dir / 'reward.png'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``arctic-rl`` with every subcommand."""
     parser = argparse.ArgumentParser(prog="arctic-rl", description=__doc__)
@@ -164,6 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds before an engine call times out")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(handler=_serve)
+
+    demo = sub.add_parser("demo", help="GRPO on a digit-sum task with a tiny model, on CPU")
+    demo.add_argument("--steps", type=int, default=40)
+    demo.add_argument("--model-size", choices=["tiny", "small"], default="tiny")
+    demo.add_argument("--transport", default="http")
+    demo.add_argument("--colocate", action="store_true")
+    demo.add_argument("--output-dir", help="run directory (default: runs/demo-<time>)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--lr", type=float, default=2e-3)
+    demo.add_argument("--kl-coef", type=float, default=0.0)
+    demo.add_argument("--quiet", action="store_true")
+    demo.set_defaults(handler=_demo)
     return parser
 
 

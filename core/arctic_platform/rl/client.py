@@ -128,6 +128,8 @@ class ArcticRLClient:
     # --- helpers ------------------------------------------------------------------------
 
     def _job(self, job_type: str) -> int:
+        if self._closed:
+            raise JobError("this client is closed; create a new one (reconnect_config()) to go on")
         job_id = self.job_ids.get(job_type)
         if job_id is None:
             raise JobError(

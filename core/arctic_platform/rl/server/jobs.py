@@ -78,6 +78,7 @@ class Job:
     checkpoints: dict[int, str] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     cancel_requested: bool = False
+    worker_pids: list[int] = field(default_factory=list)
 
     def set_state(self, state: JobState, reason: str | None = None) -> None:
         """Move to ``state`` (terminal states are final)."""
@@ -100,6 +101,7 @@ class Job:
             "reason": self.reason,
             "num_gpus": self.num_gpus,
             "workers": len(self.workers),
+            "worker_pids": list(self.worker_pids),
             "weight_version": self.weight_version,
             "model_name": self.config.get("model_name"),
             "colocate": bool(self.config.get("colocate")),
@@ -277,7 +279,7 @@ class JobManager:
                         f"job_ready_timeout={timeout}s"
                     )
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, remaining))
-            ray.get(refs)
+            job.worker_pids = [int(info["pid"]) for info in ray.get(refs)]
             job.set_state(JobState.RUNNING)
         except Exception as exc:
             logger.debug("job %d failed: %s", job.job_id, traceback.format_exc())

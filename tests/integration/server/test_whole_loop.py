@@ -1,0 +1,218 @@
+"""The whole RL loop on CPU through the local backend, the http transport and real engines.
+
+Training (DeepSpeed), sampling (vLLM) and log-prob (vLLM) jobs each get one logical GPU, and
+again colocated on one shared GPU bundle. The server runs as a real ``arctic-rl serve``
+subprocess with a real Ray cluster; a second process reconnects to the same jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from arctic_platform.rl.client import ArcticRLClient
+from arctic_platform.rl.config import ArcticRLClientConfig
+from arctic_platform.rl.errors import JobError, ServerError
+from arctic_platform.rl.server.jobs import free_port
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["12 + 30 =", "the sum of digits", "write a number"]
+GREEDY = {"n": 1, "max_tokens": 8, "temperature": 0.0}
+
+
+def _config(model: str, colocate: bool) -> ArcticRLClientConfig:
+    return ArcticRLClientConfig(
+        model_name=model,
+        host="127.0.0.1",
+        port=free_port(),
+        training_gpus=1,
+        sampling_gpus=1,
+        log_prob_gpus=1,
+        colocate=colocate,
+        ray_auto_attach=False,
+        server_logs=False,
+        startup_timeout=300,
+        job_ready_timeout=600,
+        training_config={"optimizer": {"lr": 1e-3}},
+    )
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["separate", "colocated"])
+def loop(request, tiny_model_path, tmp_path_factory):
+    """A client with all three jobs running, and the server's pid."""
+    home = tmp_path_factory.mktemp("arctic-home")
+    old = os.environ.get("ARCTIC_RL_HOME")
+    os.environ["ARCTIC_RL_HOME"] = str(home)
+    client = ArcticRLClient(_config(tiny_model_path, request.param), progress=False)
+    pid = client.backend._server_pid()  # type: ignore[attr-defined]
+    yield client, pid
+    try:
+        client.shutdown()
+    finally:
+        if old is None:
+            os.environ.pop("ARCTIC_RL_HOME", None)
+        else:
+            os.environ["ARCTIC_RL_HOME"] = old
+
+
+def _batch(outputs):
+    rows, masks, prompt_lengths = [], [], []
+    for out in outputs:
+        prompt = out["prompt_token_ids"]
+        for completion in out["completions"]:
+            rows.append(prompt + completion["token_ids"])
+            masks.append([0] * len(prompt) + [1] * len(completion["token_ids"]))
+            prompt_lengths.append(len(prompt))
+    return rows, masks, prompt_lengths
+
+
+def test_every_job_is_running(loop):
+    client, _ = loop
+    state = client.get_server_state()
+    jobs = {j["job_id"]: j for j in state["jobs"]}
+    for job_type, job_id in client.job_ids.items():
+        assert jobs[job_id]["state"] == "running" and jobs[job_id]["job_type"] == job_type
+    assert state["cluster"]["cpu_mode"] is True
+
+
+def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
+    client, _ = loop
+    gen = client.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 3})
+    assert len(gen["outputs"]) == len(PROMPTS)
+    assert all(len(o["completions"]) == 2 for o in gen["outputs"])
+    rows, masks, plens = _batch(gen["outputs"])
+
+    lp = client.log_probs([r[:p] for r, p in zip(rows, plens, strict=True)],
+                          [r[p:] for r, p in zip(rows, plens, strict=True)])
+    trainer = client.fwd_no_grad({"input_ids": rows})
+    for row_lp, out, p in zip(trainer, lp["outputs"], plens, strict=True):
+        assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) < 1e-3
+
+    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
+    norm_before = client.weight_norm()["training"]
+    metrics = client.fwd_bwd({"input_ids": rows, "loss_mask": masks, "advantages": advantages,
+                              "old_log_probs": trainer}, loss_fn="grpo")
+    assert "loss" in metrics
+    stepped = client.step()
+    assert stepped["global_step"] == 1
+    assert client.weight_norm()["training"] != norm_before
+
+    synced = client.sync_weights()
+    assert synced["weight_version"] == 1 and synced["bytes"] > 0
+    norms = client.weight_norm()
+    assert norms["sampling"] == pytest.approx(norms["training"], rel=1e-5)
+    assert norms["log_prob"] == pytest.approx(norms["training"], rel=1e-5)
+
+    after = client.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 4})
+    assert after["weight_version"] == 1
+    rows, _, plens = _batch(after["outputs"])
+    trainer = client.fwd_no_grad({"input_ids": rows})
+    sampled = [c["logprobs"] for o in after["outputs"] for c in o["completions"]]
+    lp = client.log_probs([r[:p] for r, p in zip(rows, plens, strict=True)],
+                          [r[p:] for r, p in zip(rows, plens, strict=True)])
+    for row_lp, s, out, p in zip(trainer, sampled, lp["outputs"], plens, strict=True):
+        assert max(abs(a - b) for a, b in zip(row_lp[p:], s, strict=True)) <= 1e-3
+        assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) <= 1e-3
+
+
+def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
+    client, _ = loop
+    path = client.save_checkpoint()
+    assert os.path.isdir(path)
+    step_before = client.step()["global_step"]
+    config_file = tmp_path / "reconnect.json"
+    config_file.write_text(client.reconnect_config().model_dump_json())
+    program = textwrap.dedent(
+        f"""
+        import json
+        from arctic_platform.rl.client import ArcticRLClient
+        from arctic_platform.rl.config import ArcticRLClientConfig
+        cfg = ArcticRLClientConfig.model_validate_json(open({str(config_file)!r}).read())
+        c = ArcticRLClient(cfg, progress=False)
+        m = c.fwd_bwd({{"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}},
+                      loss_fn="importance_sampling")
+        s = c.step()
+        c.close()
+        print(json.dumps({{"step": s["global_step"], "loss": m["loss"]}}))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["step"] == step_before + 1
+    assert client.step()["global_step"] == step_before + 2  # the jobs outlived the other client
+
+
+def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(loop):
+    client, _ = loop
+    t = client.transport
+    with pytest.raises(ServerError) as info:
+        t.call("get_job", {"job_id": 9999})
+    assert info.value.status_code == 404
+    with pytest.raises(ServerError) as info:
+        t.call("generate", {"job_id": client.job_ids["sampling"]})
+    assert info.value.status_code == 422 and "prompts" in info.value.message
+    with pytest.raises(ServerError) as info:
+        t.call("step", {"job_id": client.job_ids["sampling"]})
+    assert info.value.status_code == 409
+    with pytest.raises(ServerError) as info:
+        client.fwd_bwd({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1]], "advantages": [1.0]})
+    assert info.value.status_code == 422 and "loss_mask[0]" in info.value.message
+    from arctic_platform.rl.plugins import get_registry
+
+    cfg = client.config
+    bad = get_registry().get("transport", "http").create(cfg.host, cfg.port, "wrong-token")
+    with pytest.raises(ServerError) as info:
+        bad.call("status")
+    assert info.value.status_code == 401
+    bad.close()
+    assert client.get_server_state()["jobs"]
+
+
+def test_killed_sampling_worker_fails_its_job_and_the_others_keep_working(loop):
+    client, _ = loop
+    sampling = client.job_ids["sampling"]
+    job = client.transport.call("get_job", {"job_id": sampling})
+    os.kill(job["worker_pids"][0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    state = job
+    while time.monotonic() < deadline:
+        state = client.transport.call("get_job", {"job_id": sampling})
+        if state["state"] == "failed":
+            break
+        time.sleep(0.5)
+    assert state["state"] == "failed" and "died" in state["reason"]
+    started = time.monotonic()
+    with pytest.raises(ServerError) as info:
+        client.generate(PROMPTS, GREEDY)
+    assert info.value.status_code == 409 and "failed" in info.value.message
+    assert time.monotonic() - started < 5
+    assert client.step()["global_step"] >= 1
+    assert client.log_probs([[1, 2]], [[3, 4]])["outputs"]
+
+
+def test_shutdown_leaves_no_process_behind(loop):
+    client, pid = loop
+    children = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    client.shutdown()
+    deadline = time.monotonic() + 60
+    alive = [pid, *children]
+    while time.monotonic() < deadline:
+        alive = [p for p in [pid, *children] if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert not alive, f"left behind: {[psutil.Process(p).cmdline() for p in alive]}"
+    with pytest.raises(JobError):
+        client.generate(PROMPTS, GREEDY)
