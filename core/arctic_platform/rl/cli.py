@@ -95,8 +95,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.token_file:
         token = Path(args.token_file).read_text().strip() or None
     if token is None and not is_loopback(args.host):
-        print(f"error: refusing to serve on non-loopback address {args.host} without a token "
-              "(--token-file or ARCTIC_RL_TOKEN)", file=sys.stderr)
+        print(
+            f"error: refusing to serve on non-loopback address {args.host} without a token "
+            "(--token-file or ARCTIC_RL_TOKEN)",
+            file=sys.stderr,
+        )
         return 2
     spec = get_registry().get("transport", args.transport, field="--transport")
     serve = spec.load_server()
@@ -147,9 +150,11 @@ def _demo(args: argparse.Namespace) -> int:
         settings.output_dir = Path(args.output_dir)
     summary = run_demo(settings)
     gain = summary["last5_reward"] - summary["first5_reward"]
-    print(f"mean reward: first 5 steps {summary['first5_reward']:.3f}, last 5 steps "
-          f"{summary['last5_reward']:.3f} (gain {gain:+.3f}); plot: "
-          f"{settings.output_dir / 'reward.png'}")
+    print(
+        f"mean reward: first 5 steps {summary['first5_reward']:.3f}, last 5 steps "
+        f"{summary['last5_reward']:.3f} (gain {gain:+.3f}); plot: "
+        f"{settings.output_dir / 'reward.png'}"
+    )
     return 0
 
 
@@ -178,13 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", default="http", help="a registered transport")
     serve.add_argument("--token-file", help="file holding the bearer token clients must send")
     serve.add_argument("--run-dir", help="state directory (default: under $ARCTIC_RL_HOME)")
-    serve.add_argument("--num-gpus", type=int, default=1,
-                       help="logical GPUs for a fresh Ray cluster in CPU mode")
+    serve.add_argument(
+        "--num-gpus", type=int, default=1, help="logical GPUs for a fresh Ray cluster in CPU mode"
+    )
     serve.add_argument("--ray-address", help="attach to the Ray cluster at this address")
-    serve.add_argument("--no-ray-auto-attach", action="store_true",
-                       help="always start a fresh Ray cluster")
-    serve.add_argument("--op-timeout", type=float, default=900.0,
-                       help="seconds before an engine call times out")
+    serve.add_argument(
+        "--no-ray-auto-attach", action="store_true", help="always start a fresh Ray cluster"
+    )
+    serve.add_argument(
+        "--op-timeout", type=float, default=900.0, help="seconds before an engine call times out"
+    )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(handler=_serve)
 

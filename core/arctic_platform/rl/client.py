@@ -33,12 +33,14 @@ def _gpus(config: ArcticRLClientConfig, job_type: str) -> int:
 class ArcticRLClient:
     """Drives the training, sampling and log-prob jobs of one RL run."""
 
-    def __init__(self, config: ArcticRLClientConfig | dict[str, Any], *,
-                 progress: bool = True) -> None:
+    def __init__(
+        self, config: ArcticRLClientConfig | dict[str, Any], *, progress: bool = True
+    ) -> None:
         from arctic_platform.rl.plugins import get_registry
 
         self.config = (
-            config if isinstance(config, ArcticRLClientConfig)
+            config
+            if isinstance(config, ArcticRLClientConfig)
             else ArcticRLClientConfig.model_validate(config)
         )
         self.progress = progress
@@ -94,8 +96,13 @@ class ArcticRLClient:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=None, desc=f"{job_type} job {job_id}", file=sys.stderr,
-                       bar_format="{desc}: {postfix} [{elapsed}]", leave=True)
+            bar = tqdm(
+                total=None,
+                desc=f"{job_type} job {job_id}",
+                file=sys.stderr,
+                bar_format="{desc}: {postfix} [{elapsed}]",
+                leave=True,
+            )
         try:
             while True:
                 info = self.transport.call("get_job", {"job_id": job_id})
@@ -151,29 +158,49 @@ class ArcticRLClient:
 
     # --- training -----------------------------------------------------------------------
 
-    def fwd_bwd(self, batch: dict[str, Any], loss_fn: str = "grpo",
-                loss_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    def fwd_bwd(
+        self,
+        batch: dict[str, Any],
+        loss_fn: str = "grpo",
+        loss_config: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...)."""
-        payload = {"job_id": self._job("training"), "batch": batch, "loss_fn": loss_fn,
-                   "loss_config": loss_config, "request_id": uuid.uuid4().hex}
+        payload = {
+            "job_id": self._job("training"),
+            "batch": batch,
+            "loss_fn": loss_fn,
+            "loss_config": loss_config,
+            "request_id": uuid.uuid4().hex,
+        }
         return dict(self._call_retrying("fwd_bwd", payload))
 
-    def fwd_no_grad(self, batch: dict[str, Any], reference_model: bool = False) -> list[list[float]]:
+    def fwd_no_grad(
+        self, batch: dict[str, Any], reference_model: bool = False
+    ) -> list[list[float]]:
         """Per-token log-probs from the training model (or its frozen reference copy)."""
-        payload = {"job_id": self._job("training"), "batch": batch,
-                   "reference_model": reference_model}
+        payload = {
+            "job_id": self._job("training"),
+            "batch": batch,
+            "reference_model": reference_model,
+        }
         return list(self.transport.call("fwd_no_grad", payload)["log_probs"])
 
     def step(self, learning_rate: float | None = None) -> dict[str, Any]:
         """One optimizer step: ``global_step``, ``lr``, ``grad_norm``."""
-        payload = {"job_id": self._job("training"), "learning_rate": learning_rate,
-                   "request_id": uuid.uuid4().hex}
+        payload = {
+            "job_id": self._job("training"),
+            "learning_rate": learning_rate,
+            "request_id": uuid.uuid4().hex,
+        }
         return dict(self._call_retrying("step", payload))
 
     def save_checkpoint(self, tag: str | None = None) -> str:
         """Save the full training state; returns the checkpoint path."""
-        return str(self.transport.call("save_checkpoint",
-                                       {"job_id": self._job("training"), "tag": tag})["path"])
+        return str(
+            self.transport.call("save_checkpoint", {"job_id": self._job("training"), "tag": tag})[
+                "path"
+            ]
+        )
 
     def load_checkpoint(self, path: str | None = None, step: int | None = None) -> int:
         """Load a checkpoint (by path, by step, or the latest); returns the global step."""
@@ -188,21 +215,36 @@ class ArcticRLClient:
 
     # --- inference ----------------------------------------------------------------------
 
-    def generate(self, prompts: list[str] | list[list[int]],
-                 sampling_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def generate(
+        self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions) and ``weight_version``."""
-        return dict(self.transport.call(
-            "generate", {"job_id": self._job("sampling"), "prompts": prompts,
-                         "sampling_params": sampling_params or {}}
-        ))
+        return dict(
+            self.transport.call(
+                "generate",
+                {
+                    "job_id": self._job("sampling"),
+                    "prompts": prompts,
+                    "sampling_params": sampling_params or {},
+                },
+            )
+        )
 
-    def log_probs(self, prompts: list[list[int]], completions: list[list[int]],
-                  top_k: int = 1) -> dict[str, Any]:
+    def log_probs(
+        self, prompts: list[list[int]], completions: list[list[int]], top_k: int = 1
+    ) -> dict[str, Any]:
         """Per completion token log-probs (and top-k) from the log-prob job."""
-        return dict(self.transport.call(
-            "log_probs", {"job_id": self._job("log_prob"), "prompts": prompts,
-                          "completions": completions, "top_k": top_k}
-        ))
+        return dict(
+            self.transport.call(
+                "log_probs",
+                {
+                    "job_id": self._job("log_prob"),
+                    "prompts": prompts,
+                    "completions": completions,
+                    "top_k": top_k,
+                },
+            )
+        )
 
     def sync_weights(self) -> dict[str, Any]:
         """Copy the training weights into the sampling and log-prob jobs."""
@@ -313,8 +355,9 @@ class AsyncArcticRLClient:
         self._client = client
 
     @classmethod
-    async def create(cls, config: ArcticRLClientConfig | dict[str, Any],
-                     **kwargs: Any) -> AsyncArcticRLClient:
+    async def create(
+        cls, config: ArcticRLClientConfig | dict[str, Any], **kwargs: Any
+    ) -> AsyncArcticRLClient:
         """Start (or reconnect) the client without blocking the event loop."""
         return cls(await asyncio.to_thread(ArcticRLClient, config, **kwargs))
 

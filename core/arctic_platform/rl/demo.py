@@ -37,7 +37,9 @@ class DemoSettings:
     model_size: str = "tiny"
     transport: str = "http"
     colocate: bool = False
-    output_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+    output_dir: Path = field(
+        default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    )
     seed: int = 0
     quiet: bool = False
 
@@ -94,8 +96,11 @@ def run_demo(settings: DemoSettings) -> dict[str, Any]:
         server_logs=False,
         seed=settings.seed,
         training_config={
-            "optimizer": {"lr": settings.learning_rate, "weight_decay": 0.0,
-                          "gradient_clipping": 1.0},
+            "optimizer": {
+                "lr": settings.learning_rate,
+                "weight_decay": 0.0,
+                "gradient_clipping": 1.0,
+            },
         },
     )
     task = DigitSumTask()
@@ -114,9 +119,12 @@ def run_demo(settings: DemoSettings) -> dict[str, Any]:
                 history.append(record)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}",
-                                loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.4f}",
-                                step_s=f"{record['seconds']['total']:.2f}")
+                bar.set_postfix(
+                    reward=f"{record['reward_mean']:.3f}",
+                    loss=f"{record['loss']:.3f}",
+                    kl=f"{record['kl']:.4f}",
+                    step_s=f"{record['seconds']['total']:.2f}",
+                )
     finally:
         client.shutdown()
     summary = _summarize(history, setup_seconds, time.monotonic() - started)
@@ -128,8 +136,9 @@ def run_demo(settings: DemoSettings) -> dict[str, Any]:
     return summary
 
 
-def _one_step(client: Any, task: DigitSumTask, rng: random.Random, settings: DemoSettings,
-              step: int) -> dict[str, Any]:
+def _one_step(
+    client: Any, task: DigitSumTask, rng: random.Random, settings: DemoSettings, step: int
+) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
     def timed(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -141,10 +150,17 @@ def _one_step(client: Any, task: DigitSumTask, rng: random.Random, settings: Dem
 
     t_start = time.monotonic()
     pairs = task.prompts(settings.prompts_per_step, rng)
-    gen = timed("generate", client.generate, [p for p, _ in pairs], {
-        "n": settings.samples_per_prompt, "max_tokens": settings.max_tokens,
-        "temperature": 1.0, "seed": settings.seed * 100003 + step,
-    })
+    gen = timed(
+        "generate",
+        client.generate,
+        [p for p, _ in pairs],
+        {
+            "n": settings.samples_per_prompt,
+            "max_tokens": settings.max_tokens,
+            "temperature": 1.0,
+            "seed": settings.seed * 100003 + step,
+        },
+    )
     outputs = gen["outputs"]
     rewards = [
         task.reward(c["text"], target)
@@ -153,15 +169,26 @@ def _one_step(client: Any, task: DigitSumTask, rng: random.Random, settings: Dem
     ]
     advantages = group_advantages(rewards, settings.samples_per_prompt)
     rows, masks, plens = _rows(outputs)
-    old = timed("log_probs", client.log_probs, [r[:p] for r, p in zip(rows, plens, strict=True)],
-                [r[p:] for r, p in zip(rows, plens, strict=True)])
-    old_rows = [[0.0] * p + list(o["log_probs"]) for o, p in zip(old["outputs"], plens, strict=True)]
-    batch: dict[str, Any] = {"input_ids": rows, "loss_mask": masks, "advantages": advantages,
-                             "old_log_probs": old_rows}
+    old = timed(
+        "log_probs",
+        client.log_probs,
+        [r[:p] for r, p in zip(rows, plens, strict=True)],
+        [r[p:] for r, p in zip(rows, plens, strict=True)],
+    )
+    old_rows = [
+        [0.0] * p + list(o["log_probs"]) for o, p in zip(old["outputs"], plens, strict=True)
+    ]
+    batch: dict[str, Any] = {
+        "input_ids": rows,
+        "loss_mask": masks,
+        "advantages": advantages,
+        "old_log_probs": old_rows,
+    }
     loss_config: dict[str, Any] = {}
     if settings.kl_coef > 0:
-        batch["ref_log_probs"] = timed("ref_log_probs", client.fwd_no_grad, {"input_ids": rows},
-                                       reference_model=True)
+        batch["ref_log_probs"] = timed(
+            "ref_log_probs", client.fwd_no_grad, {"input_ids": rows}, reference_model=True
+        )
         loss_config["kl_coef"] = settings.kl_coef
     loss_config["kl_estimator"] = "k3"
     has_signal = any(a != 0 for a in advantages)

@@ -117,20 +117,34 @@ class LocalBackend(Backend):
         num_gpus = max(counts) if config.colocate else sum(counts)
         log_path = self.run_dir / "server.log"
         cmd = [
-            sys.executable, "-m", "arctic_platform.rl.cli", "serve",
-            "--host", str(config.host), "--port", str(config.port),
-            "--transport", config.comm_protocol,
-            "--token-file", str(self.run_dir / "token"),
-            "--run-dir", str(self.run_dir),
-            "--num-gpus", str(max(num_gpus, 1)),
+            sys.executable,
+            "-m",
+            "arctic_platform.rl.cli",
+            "serve",
+            "--host",
+            str(config.host),
+            "--port",
+            str(config.port),
+            "--transport",
+            config.comm_protocol,
+            "--token-file",
+            str(self.run_dir / "token"),
+            "--run-dir",
+            str(self.run_dir),
+            "--num-gpus",
+            str(max(num_gpus, 1)),
         ]
         if not config.ray_auto_attach:
             cmd.append("--no-ray-auto-attach")
         offset = log_path.stat().st_size if log_path.exists() else 0
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=dict(os.environ),
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=dict(os.environ),
             )
         logger.info("launched arctic-rl serve (pid %d), log: %s", self.process.pid, log_path)
         if config.server_logs:
@@ -142,8 +156,12 @@ class LocalBackend(Backend):
         from tqdm import tqdm
 
         started = time.monotonic()
-        bar = tqdm(total=None, desc=f"arctic-rl server {config.host}:{config.port}",
-                   bar_format="{desc}: {postfix} [{elapsed}]", file=sys.stderr)
+        bar = tqdm(
+            total=None,
+            desc=f"arctic-rl server {config.host}:{config.port}",
+            bar_format="{desc}: {postfix} [{elapsed}]",
+            file=sys.stderr,
+        )
         try:
             while True:
                 code = self.process.poll()
@@ -190,8 +208,9 @@ class LocalBackend(Backend):
             elif not _pid_alive(pid):
                 return
             time.sleep(0.2)
-        logger.warning("server pid %d did not exit in %.0fs; terminating its process group",
-                       pid, grace)
+        logger.warning(
+            "server pid %d did not exit in %.0fs; terminating its process group", pid, grace
+        )
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pid, sig)

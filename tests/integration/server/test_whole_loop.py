@@ -17,7 +17,6 @@ import time
 
 import psutil
 import pytest
-
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, ServerError
@@ -91,16 +90,20 @@ def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
     assert all(len(o["completions"]) == 2 for o in gen["outputs"])
     rows, masks, plens = _batch(gen["outputs"])
 
-    lp = client.log_probs([r[:p] for r, p in zip(rows, plens, strict=True)],
-                          [r[p:] for r, p in zip(rows, plens, strict=True)])
+    lp = client.log_probs(
+        [r[:p] for r, p in zip(rows, plens, strict=True)],
+        [r[p:] for r, p in zip(rows, plens, strict=True)],
+    )
     trainer = client.fwd_no_grad({"input_ids": rows})
     for row_lp, out, p in zip(trainer, lp["outputs"], plens, strict=True):
         assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) < 1e-3
 
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
     norm_before = client.weight_norm()["training"]
-    metrics = client.fwd_bwd({"input_ids": rows, "loss_mask": masks, "advantages": advantages,
-                              "old_log_probs": trainer}, loss_fn="grpo")
+    metrics = client.fwd_bwd(
+        {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": trainer},
+        loss_fn="grpo",
+    )
     assert "loss" in metrics
     stepped = client.step()
     assert stepped["global_step"] == 1
@@ -117,8 +120,10 @@ def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
     rows, _, plens = _batch(after["outputs"])
     trainer = client.fwd_no_grad({"input_ids": rows})
     sampled = [c["logprobs"] for o in after["outputs"] for c in o["completions"]]
-    lp = client.log_probs([r[:p] for r, p in zip(rows, plens, strict=True)],
-                          [r[p:] for r, p in zip(rows, plens, strict=True)])
+    lp = client.log_probs(
+        [r[:p] for r, p in zip(rows, plens, strict=True)],
+        [r[p:] for r, p in zip(rows, plens, strict=True)],
+    )
     for row_lp, s, out, p in zip(trainer, sampled, lp["outputs"], plens, strict=True):
         assert max(abs(a - b) for a, b in zip(row_lp[p:], s, strict=True)) <= 1e-3
         assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) <= 1e-3
@@ -145,8 +150,13 @@ def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
         print(json.dumps({{"step": s["global_step"], "loss": m["loss"]}}))
         """
     )
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ))
+    out = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["step"] == step_before + 1
@@ -208,8 +218,11 @@ def test_shutdown_leaves_no_process_behind(loop):
     deadline = time.monotonic() + 60
     alive = [pid, *children]
     while time.monotonic() < deadline:
-        alive = [p for p in [pid, *children] if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in [pid, *children]
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             break
         time.sleep(0.5)

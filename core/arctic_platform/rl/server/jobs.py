@@ -88,8 +88,13 @@ class Job:
         self.updated_at = time.time()
         if reason is not None:
             self.reason = reason
-        logger.info("job %d (%s): %s%s", self.job_id, self.job_type, state.value,
-                    f" ({reason.splitlines()[0]})" if reason else "")
+        logger.info(
+            "job %d (%s): %s%s",
+            self.job_id,
+            self.job_type,
+            state.value,
+            f" ({reason.splitlines()[0]})" if reason else "",
+        )
 
     def describe(self) -> dict[str, Any]:
         """The public view of this job (no tokens, no worker handles)."""
@@ -181,8 +186,9 @@ class JobManager:
             self._next_id += 1
             job = Job(job_id, job_type, engine, parsed.model_dump(mode="json"), num_gpus)
             self.jobs[job_id] = job
-        thread = threading.Thread(target=self._launch, args=(job,), daemon=True,
-                                  name=f"launch-job-{job_id}")
+        thread = threading.Thread(
+            target=self._launch, args=(job,), daemon=True, name=f"launch-job-{job_id}"
+        )
         self._threads.append(thread)
         thread.start()
         return job
@@ -278,7 +284,9 @@ class JobManager:
                         f"engines of job {job.job_id} were not ready within "
                         f"job_ready_timeout={timeout}s"
                     )
-                _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, remaining))
+                _, pending = ray.wait(
+                    pending, num_returns=len(pending), timeout=min(1.0, remaining)
+                )
             job.worker_pids = [int(info["pid"]) for info in ray.get(refs)]
             job.set_state(JobState.RUNNING)
         except Exception as exc:
@@ -295,8 +303,9 @@ class JobManager:
 
     # --- calls --------------------------------------------------------------------------
 
-    def call(self, job: Job, worker_refs: list[Any], operation: str,
-             timeout: float | None = None) -> list[Any]:
+    def call(
+        self, job: Job, worker_refs: list[Any], operation: str, timeout: float | None = None
+    ) -> list[Any]:
         """Wait for ``worker_refs`` of ``job``; worker death fails the job, a timeout names it."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -332,8 +341,9 @@ class JobManager:
             try:
                 ray.get([w.ping.remote() for w in job.workers], timeout=30)
             except RayActorError as exc:
-                job.set_state(JobState.FAILED,
-                              reason=f"a worker of job {job.job_id} died: {_reason(exc)}")
+                job.set_state(
+                    JobState.FAILED, reason=f"a worker of job {job.job_id} died: {_reason(exc)}"
+                )
                 self._release(job)
             except GetTimeoutError:
                 logger.warning("job %d: a worker did not answer a ping within 30 s", job.job_id)

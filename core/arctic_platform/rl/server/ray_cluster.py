@@ -96,7 +96,9 @@ def start_or_attach(
             logger.info("the Ray cluster at %s has no GPU resources; starting a fresh one", target)
             ray.shutdown()
         except Exception as exc:  # unreachable cluster: start our own
-            logger.info("cannot attach to the Ray cluster at %s (%s); starting a fresh one", target, exc)
+            logger.info(
+                "cannot attach to the Ray cluster at %s (%s); starting a fresh one", target, exc
+            )
             if ray.is_initialized():
                 ray.shutdown()
     kwargs: dict[str, Any] = {}

@@ -164,7 +164,7 @@ class RLServer:
 
     def initialize(self, request: wire.InitializeRequest) -> dict[str, Any]:
         """Create one job; returns its id at once while it is placed in the background."""
-        extra = (request.config.get("training_config") or {})
+        extra = request.config.get("training_config") or {}
         if isinstance(extra, dict):
             from arctic_platform.rl.config import TrainingConfig
 
@@ -225,15 +225,19 @@ class RLServer:
         job = self.jobs.get(request.job_id)
         job = self.jobs.running(request.job_id, job.job_type)
         if job.job_type == "sampling":
-            raise JobStateError(f"job {job.job_id} is a sampling job; fwd_no_grad needs training "
-                                "or log_prob")
+            raise JobStateError(
+                f"job {job.job_id} is a sampling job; fwd_no_grad needs training or log_prob"
+            )
         batch = validate_batch(request.batch)
         with job.lock:
             if job.job_type == "training":
                 results = self._all_ranks(job, "fwd_no_grad", batch, request.reference_model)
                 return {"log_probs": results[0]}
-            return {"log_probs": self._spread(job, "fwd_no_grad", batch["input_ids"],
-                                              lambda part: ({"input_ids": part},))}
+            return {
+                "log_probs": self._spread(
+                    job, "fwd_no_grad", batch["input_ids"], lambda part: ({"input_ids": part},)
+                )
+            }
 
     def step(self, request: wire.StepRequest) -> dict[str, Any]:
         """One optimizer step on every rank."""
@@ -376,8 +380,11 @@ class RLServer:
         nbytes = len(blobs[0])
         for job in targets:
             with job.lock:
-                self.jobs.call(job, [w.import_weights.remote(blob_ref) for w in job.workers],
-                               "sync_weights (load)")
+                self.jobs.call(
+                    job,
+                    [w.import_weights.remote(blob_ref) for w in job.workers],
+                    "sync_weights (load)",
+                )
                 job.weight_version += 1
         seconds = time.monotonic() - started
         version = max(job.weight_version for job in targets)
@@ -397,14 +404,18 @@ class RLServer:
             job = self.jobs.running(job_id, job.job_type)
             with job.lock:
                 values = self._all_ranks(job, "weight_norm")
-            norms[str(job_id)] = {"job_type": job.job_type, "norm": float(values[0]),
-                                  "replicas": [float(v) for v in values]}
+            norms[str(job_id)] = {
+                "job_type": job.job_type,
+                "norm": float(values[0]),
+                "replicas": [float(v) for v in values],
+            }
         return {"norms": norms}
 
     # --- memory -------------------------------------------------------------------------
 
-    def _sleep_or_wake(self, request: wire.SleepRequest, roles: tuple[str, ...],
-                       method: str) -> dict[str, Any]:
+    def _sleep_or_wake(
+        self, request: wire.SleepRequest, roles: tuple[str, ...], method: str
+    ) -> dict[str, Any]:
         job = self.jobs.get(request.job_id)
         if job.job_type not in roles:
             raise JobStateError(

@@ -13,12 +13,22 @@ from typing import Any
 
 ALLOWED_METHODS: dict[str, frozenset[str]] = {
     "training": frozenset(
-        {"fwd_bwd", "fwd_no_grad", "step", "save_checkpoint", "load_checkpoint", "weight_norm",
-         "sleep", "wake", "empty_cache"}
+        {
+            "fwd_bwd",
+            "fwd_no_grad",
+            "step",
+            "save_checkpoint",
+            "load_checkpoint",
+            "weight_norm",
+            "sleep",
+            "wake",
+            "empty_cache",
+        }
     ),
     "sampling": frozenset({"generate", "reset_prefix_cache", "weight_norm", "sleep", "wake"}),
-    "log_prob": frozenset({"log_probs", "fwd_no_grad", "weight_norm", "sleep", "wake",
-                           "reset_prefix_cache"}),
+    "log_prob": frozenset(
+        {"log_probs", "fwd_no_grad", "weight_norm", "sleep", "wake", "reset_prefix_cache"}
+    ),
 }
 
 
@@ -90,7 +100,9 @@ class EngineWorker:
         from safetensors.torch import save
 
         with self._lock:
-            tensors = {name: t.detach().cpu().contiguous() for name, t in self.engine.named_weights()}
+            tensors = {
+                name: t.detach().cpu().contiguous() for name, t in self.engine.named_weights()
+            }
         return save(tensors) if self.rank == 0 else None
 
     def import_weights(self, blob: bytes) -> int:
