@@ -218,7 +218,7 @@ class ArcticRLClient:
     def generate(
         self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions) and ``weight_version``."""
+        """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions), ``weight_version``."""
         return dict(
             self.transport.call(
                 "generate",
@@ -349,7 +349,7 @@ def _to_thread(method: Callable[..., T]) -> Callable[..., Any]:
 
 
 class AsyncArcticRLClient:
-    """The same methods as ``ArcticRLClient``, as coroutines; create with ``await create(config)``."""
+    """``ArcticRLClient``'s methods as coroutines; build one with ``await create(config)``."""
 
     def __init__(self, client: ArcticRLClient) -> None:
         self._client = client

@@ -57,7 +57,7 @@ class SaveCheckpointRequest(JobRequest):
 
 
 class LoadCheckpointRequest(JobRequest):
-    """Load a checkpoint by ``path`` (inside the checkpoint root) or ``step`` (latest if neither)."""
+    """Load a checkpoint by ``path`` (inside the checkpoint root), ``step``, or the latest."""
 
     path: str | None = None
     step: int | None = Field(default=None, ge=0)

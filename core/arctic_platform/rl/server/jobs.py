@@ -12,7 +12,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """Lifecycle state of a job."""
 
     PENDING = "pending"
