@@ -1,6 +1,6 @@
 """Registers the ``http`` transport."""
 
-from arctic_platform.rl.plugins import TransportSpec, hookimpl, not_implemented_yet
+from arctic_platform.rl.plugins import TransportSpec, hookimpl
 
 
 @hookimpl
@@ -8,9 +8,9 @@ def arctic_rl_register_transports():  # type: ignore[no-untyped-def]
     """HTTP on host:port (default port 7000)."""
     yield TransportSpec(
         name="http",
-        factory=not_implemented_yet("the 'http' transport client"),
-        server_factory=not_implemented_yet("the 'http' transport server"),
+        factory="arctic_rl_http.client:HttpTransport",
+        server_factory="arctic_rl_http.serve:serve",
         network_address=True,
         default_port=7000,
-        description="JSON control + safetensors frames over HTTP (FastAPI, httpx)",
+        description="JSON control + safetensors frames over HTTP (FastAPI/uvicorn, httpx)",
     )

@@ -1,0 +1,312 @@
+"""The FastAPI app of the ``http`` transport: one route per entry of the operations table.
+
+Every route hands its decoded payload to ``RLServer.handle``; the app itself only does
+auth, size limits, body decoding (JSON or safetensors frame) and error mapping.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from arctic_platform.rl import __version__
+from arctic_platform.rl.errors import (
+    ArcticRLError,
+    AuthError,
+    InvalidRequestError,
+    PayloadTooLargeError,
+)
+from arctic_platform.rl.operations import OPERATIONS, Operation
+from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame, encode_frame
+from arctic_platform.rl.server.rl_server import RLServer
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 256 * 1024 * 1024
+JSON_CONTENT_TYPE = "application/json"
+OPEN_PATHS = frozenset({"/health"})
+"""Routes that answer without a token (the docs and OpenAPI routes are open as well)."""
+
+_ERROR_SCHEMA = {
+    "title": "ErrorBody",
+    "type": "object",
+    "properties": {"message": {"type": "string"}, "code": {"type": "string"}},
+    "required": ["message", "code"],
+}
+
+
+class _BadRequest(ArcticRLError):
+    """A body that is not JSON, or of a content type the server does not read."""
+
+    status = 400
+    code = "bad_request"
+
+
+class _UnsupportedMediaType(ArcticRLError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+def _plain(value: Any, *, keep_arrays: bool) -> Any:
+    """``value`` with numpy/torch scalars made Python numbers; arrays listed unless kept."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v, keep_arrays=keep_arrays) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, keep_arrays=keep_arrays) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if hasattr(value, "tolist") and hasattr(value, "shape"):  # numpy array/scalar, torch tensor
+        if keep_arrays and getattr(value, "ndim", 0) > 0:
+            return value
+        return value.tolist()
+    if hasattr(value, "item"):  # numpy scalar without shape
+        return value.item()
+    return value
+
+
+def _json_bytes(value: Any) -> bytes:
+    # allow_nan: a metric may be NaN or inf; Python's json reads these back.
+    return json.dumps(
+        _plain(value, keep_arrays=False), allow_nan=True, separators=(",", ":")
+    ).encode()
+
+
+def error_response(status: int, message: str, code: str) -> Response:
+    """The JSON error body every failure answers with: ``{"message", "code"}``."""
+    return Response(
+        _json_bytes({"message": message, "code": code}),
+        status_code=status,
+        media_type=JSON_CONTENT_TYPE,
+    )
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return f"invalid {exc.title} request: " + "; ".join(parts)
+
+
+def _wants_frame(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return any(part.split(";")[0].strip() == FRAME_CONTENT_TYPE for part in accept.split(","))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) a declared or streamed size over ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise _BadRequest(f"Content-Length {declared!r} is not a number") from None
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"request body of {size} bytes is over the server's limit of {limit} bytes"
+            )
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise PayloadTooLargeError(
+                f"request body grew past the server's limit of {limit} bytes"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode_body(body: bytes, content_type: str) -> dict[str, Any]:
+    """The payload of a JSON or frame body; an empty body is an empty payload."""
+    if not body:
+        return {}
+    media = content_type.split(";")[0].strip().lower()
+    if media == FRAME_CONTENT_TYPE:
+        payload = decode_frame(body)
+    elif media in ("", JSON_CONTENT_TYPE) or media.endswith("+json"):
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _BadRequest(f"request body is not valid JSON: {exc}") from None
+    else:
+        raise _UnsupportedMediaType(
+            f"content type {media!r} is not accepted; send {JSON_CONTENT_TYPE} "
+            f"or {FRAME_CONTENT_TYPE} (a safetensors frame)"
+        )
+    if not isinstance(payload, dict):
+        raise InvalidRequestError(
+            f"request body must be an object of named fields, got {type(payload).__name__}"
+        )
+    return payload
+
+
+class _Endpoint:
+    """The handler of one operation's route."""
+
+    def __init__(
+        self, op: Operation, server: RLServer, token: str | None, max_request_bytes: int
+    ) -> None:
+        self.op = op
+        self.server = server
+        self.token = token.encode() if token is not None else None
+        self.max_request_bytes = max_request_bytes
+        self.open = op.path in OPEN_PATHS
+
+    def _check_token(self, request: Request) -> None:
+        if self.token is None or self.open:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, supplied = header.partition(" ")
+        if scheme.lower() != "bearer" or not supplied:
+            raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'")
+        if not hmac.compare_digest(supplied.strip().encode(), self.token):
+            raise AuthError("the bearer token was refused")
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            self._check_token(request)
+            payload: dict[str, Any] = {}
+            if self.op.method != "GET":
+                body = await _read_body(request, self.max_request_bytes)
+                content_type = request.headers.get("content-type", "")
+                if content_type.split(";")[0].strip().lower() == FRAME_CONTENT_TYPE:
+                    payload = await run_in_threadpool(_decode_body, body, content_type)
+                else:
+                    payload = _decode_body(body, content_type)
+            payload.update(request.path_params)
+            result = await run_in_threadpool(self.server.handle, self.op.name, payload)
+            if _wants_frame(request):
+                frame = await run_in_threadpool(
+                    lambda: encode_frame(_plain(result, keep_arrays=True))
+                )
+                return Response(frame, media_type=FRAME_CONTENT_TYPE)
+            return Response(_json_bytes(result), media_type=JSON_CONTENT_TYPE)
+        except ArcticRLError as exc:
+            if exc.status >= 500:
+                logger.error("%s failed: %s", self.op.path, exc, exc_info=True)
+            return error_response(exc.status, str(exc), exc.code)
+        except ValidationError as exc:
+            return error_response(422, _validation_message(exc), "invalid_request")
+        except Exception as exc:
+            logger.exception("%s failed with an unexpected error", self.op.path)
+            message = f"{type(exc).__name__}: {exc}"
+            return error_response(500, message, "internal_error")
+
+
+def _openapi_extra(op: Operation) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{op.request.__name__}"}
+    extra: dict[str, Any] = {}
+    params = [p.strip("{}") for p in op.path.split("/") if p.startswith("{")]
+    if params:
+        props = op.request.model_json_schema()["properties"]
+        extra["parameters"] = [
+            {"name": name, "in": "path", "required": True, "schema": props.get(name, {})}
+            for name in params
+        ]
+    if op.method != "GET":
+        frame_doc = (
+            f"a safetensors frame (arctic_platform.rl.protocol) whose decoded payload is a "
+            f"{op.request.__name__}"
+        )
+        extra["requestBody"] = {
+            "required": False,
+            "content": {
+                JSON_CONTENT_TYPE: {"schema": ref},
+                FRAME_CONTENT_TYPE: {
+                    "schema": {"type": "string", "format": "binary", "description": frame_doc}
+                },
+            },
+        }
+    answer: dict[str, Any] = {JSON_CONTENT_TYPE: {"schema": {"type": "object"}}}
+    if op.frames:
+        answer[FRAME_CONTENT_TYPE] = {"schema": {"type": "string", "format": "binary"}}
+    error = {"content": {JSON_CONTENT_TYPE: {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    extra["responses"] = {
+        "200": {"description": "the operation's result", "content": answer},
+        "401": {"description": "missing or refused bearer token", **error},
+        "413": {"description": "request body over the size limit", **error},
+        "422": {"description": "invalid request (the message names the field)", **error},
+        "default": {"description": "any other error", **error},
+    }
+    return extra
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """OpenAPI whose request schemas are the operations' pydantic request models."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["Error"] = _ERROR_SCHEMA
+        for op in OPERATIONS:
+            model_schema = op.request.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(model_schema.pop("$defs", {}))
+            components[op.request.__name__] = model_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def build_app(
+    server: RLServer, token: str | None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> FastAPI:
+    """A FastAPI app exposing every operation of ``server``; ``token`` None disables auth."""
+    if max_request_bytes <= 0:
+        raise ValueError(f"max_request_bytes must be positive, got {max_request_bytes}")
+    app = FastAPI(
+        title="Arctic RL server",
+        version=__version__,
+        description="JSON control and safetensors frames (application/octet-stream) over HTTP. "
+        "Every route but /health needs 'Authorization: Bearer <token>'.",
+    )
+    for op in OPERATIONS:
+        doc = (op.request.__doc__ or "").strip().splitlines()
+        app.add_api_route(
+            op.path,
+            _Endpoint(op, server, token, max_request_bytes),
+            methods=[op.method],
+            name=op.name,
+            operation_id=op.name,
+            summary=op.name.replace("_", " "),
+            description=getattr(getattr(server, op.name, None), "__doc__", None)
+            or (doc[0] if doc else ""),
+            openapi_extra=_openapi_extra(op),
+            include_in_schema=True,
+        )
+    _install_openapi(app)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, str(exc.detail), code)
+
+    async def request_invalid(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(422, str(exc.errors()), "invalid_request")
+
+    handlers: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
+        StarletteHTTPException: http_error,
+        RequestValidationError: request_invalid,
+    }
+    for exc_type, handler in handlers.items():
+        app.add_exception_handler(exc_type, handler)
+    return app
+
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "build_app", "error_response"]

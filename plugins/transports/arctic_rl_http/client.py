@@ -1,0 +1,185 @@
+"""``HttpTransport``: the client side of the ``http`` transport, one kept-alive httpx client."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+from arctic_platform.rl.errors import ServerError, TransportError
+from arctic_platform.rl.interfaces import ClientTransport
+from arctic_platform.rl.operations import BY_NAME, Operation
+from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame, encode_frame
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({502, 503, 504})
+"""Answers after which an idempotent operation is tried again."""
+POOL_KEEPALIVE_SECONDS = 30.0
+"""Idle connections are dropped by the client before the server's keep-alive (75 s) ends."""
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class HttpTransport(ClientTransport):
+    """Calls server operations over HTTP: JSON for control, safetensors frames for tensors.
+
+    Only operations marked idempotent in the operations table are retried (with backoff) on
+    connection errors and 502/503/504; any other failure raises at once.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str | None,
+        *,
+        timeout: float = 960.0,
+        connect_timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.25,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.host = host
+        self.port = int(port)
+        self.retries = retries
+        self.backoff = backoff
+        self.connect_timeout = connect_timeout
+        self.base_url = f"http://{_url_host(host)}:{self.port}"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(keepalive_expiry=POOL_KEEPALIVE_SECONDS),
+            trust_env=False,  # never route through a proxy from the environment
+        )
+        self._closed = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"HttpTransport({self.base_url})"
+
+    # --- requests -----------------------------------------------------------------------
+
+    def _request(self, op: Operation, payload: dict[str, Any]) -> httpx.Request:
+        body = dict(payload)
+        path = op.path
+        for part in op.path.split("/"):
+            if part.startswith("{") and part.endswith("}"):
+                name = part[1:-1]
+                if name not in body:
+                    raise TransportError(f"operation {op.name!r} needs {name!r} in its payload")
+                path = path.replace(part, str(body.pop(name)))
+        if op.method == "GET":
+            return self._client.build_request("GET", path)
+        if op.frames:
+            return self._client.build_request(
+                op.method,
+                path,
+                content=encode_frame(body),
+                headers={"Content-Type": FRAME_CONTENT_TYPE, "Accept": FRAME_CONTENT_TYPE},
+            )
+        return self._client.build_request(
+            op.method,
+            path,
+            content=json.dumps(body, default=_json_default).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+
+    def _error(self, op: Operation, response: httpx.Response) -> ServerError:
+        message, code = response.text, None
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            message = str(data.get("message", data.get("detail", message)))
+            code = data.get("code")
+        if response.status_code == 401:
+            message = (
+                f"the server at {self.host}:{self.port} refused the bearer token for "
+                f"{op.name!r}: {message}"
+            )
+        return ServerError(response.status_code, message, code)
+
+    @staticmethod
+    def _result(response: httpx.Response) -> Any:
+        media = response.headers.get("content-type", "").split(";")[0].strip()
+        if media == FRAME_CONTENT_TYPE:
+            return decode_frame(response.content)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except (ValueError, json.JSONDecodeError) as exc:
+            raise TransportError(f"the server's answer is not JSON: {exc}") from exc
+
+    def call(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
+        """Invoke ``operation`` with ``payload``; its result, or ServerError/TransportError."""
+        if self._closed.is_set():
+            raise TransportError(f"{self!r} is closed")
+        op = BY_NAME.get(operation)
+        if op is None:
+            raise TransportError(f"unknown operation {operation!r}; known: {sorted(BY_NAME)}")
+        request = self._request(op, payload or {})
+        attempts = 1 + (self.retries if op.idempotent else 0)
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = self._client.send(request)
+            except httpx.TimeoutException as exc:
+                if last:
+                    raise TransportError(
+                        f"{op.name} ({op.method} {op.path}) to {self.host}:{self.port} timed out "
+                        f"({type(exc).__name__}) after {attempt + 1} attempt(s)"
+                    ) from exc
+            except httpx.TransportError as exc:
+                if last:
+                    raise TransportError(
+                        f"cannot reach the Arctic RL server at {self.host}:{self.port} for "
+                        f"{op.name} ({op.method} {op.path}) after {attempt + 1} attempt(s): "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+            else:
+                if response.is_success:
+                    return self._result(response)
+                if last or response.status_code not in RETRY_STATUSES:
+                    raise self._error(op, response)
+            delay = self.backoff * 2**attempt
+            logger.debug("%s: retrying in %.2fs (attempt %d)", op.name, delay, attempt + 2)
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def health(self) -> bool:
+        """True when the server answers ``GET /health`` with 200; never raises."""
+        try:
+            response = self._client.get("/health", timeout=self.connect_timeout)
+        except (httpx.HTTPError, OSError, RuntimeError):
+            return False
+        return response.status_code == 200
+
+    def close(self) -> None:
+        """Close the connection pool; later calls raise TransportError."""
+        self._closed.set()
+        self._client.close()
+
+    def __enter__(self) -> HttpTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["HttpTransport"]
