@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from arctic_platform.rl import __version__
 from arctic_platform.rl.cli import main
 

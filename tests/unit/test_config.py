@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from arctic_platform.rl.config import (
     JOB_ID_FIELDS,
     ArcticRLClientConfig,
@@ -14,7 +16,6 @@ from arctic_platform.rl.config import (
     WeightSyncConfig,
 )
 from arctic_platform.rl.network import primary_ipv4
-from pydantic import ValidationError
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "seed" / "config-reference.txt"
 REQUIRED = object()

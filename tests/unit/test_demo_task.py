@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from arctic_platform.rl.demo_task import DigitSumTask, group_advantages
 
 

@@ -6,6 +6,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+
 from arctic_platform.rl.plugins.hookspecs import HOOK_KINDS, ArcticRLHookSpecs
 
 HOOKS = [name for name, _ in inspect.getmembers(ArcticRLHookSpecs) if name.startswith("arctic_rl_")]

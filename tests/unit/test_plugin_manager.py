@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import (
     DuplicatePluginError,
@@ -21,7 +23,6 @@ from arctic_platform.rl.plugins import (
     set_registry,
 )
 from arctic_platform.rl.plugins.manager import ALLOW_ENV, DENY_ENV
-from pydantic import ValidationError
 
 SITE = Path(__file__).parent / "plugins" / "data" / "site"
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from arctic_platform.rl.protocol import (
     BatchError,
     FrameError,

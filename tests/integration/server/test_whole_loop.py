@@ -17,6 +17,7 @@ import time
 
 import psutil
 import pytest
+
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, ServerError

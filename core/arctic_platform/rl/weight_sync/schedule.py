@@ -88,8 +88,15 @@ class TransferSchedule:
             )
             for k in range(targets)
         )
-        return cls(training_sharding, training_gpus, inference_replicas, inference_tp,  # type: ignore[arg-type]
-                   base_port, transfers)
+        sharding: Sharding = "fsdp" if training_sharding == "fsdp" else "dp"
+        return cls(
+            sharding,
+            training_gpus,
+            inference_replicas,
+            inference_tp,
+            base_port,
+            transfers,
+        )
 
     @property
     def num_senders(self) -> int:

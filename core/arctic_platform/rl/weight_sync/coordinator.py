@@ -1,0 +1,342 @@
+"""``WeightSyncCoordinator``: moves full weights from training ranks to inference workers.
+
+Each (sender, target) pair of the ``TransferSchedule`` meets on its own port: a TCP store
+carries the bucket plan and the acknowledgements, a world-of-two process group (gloo on
+CPU, NCCL for CUDA tensors) carries the bytes, double-buffered so packing bucket k+1 overlaps
+sending bucket k. Colocated pairs move the bytes through a shared-memory file instead.
+Every wait has a timeout and a message naming the side that did not arrive; a receiver
+hands out tensors only after every bucket arrived, so a failed sync changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arctic_platform.rl.config import WeightSyncConfig
+from arctic_platform.rl.weight_sync.buckets import (
+    Bucket,
+    Expected,
+    WeightMismatchError,
+    WeightSyncError,
+    check_plan,
+    pack,
+    plan_buckets,
+    plan_from_json,
+    plan_to_json,
+    unpack,
+)
+from arctic_platform.rl.weight_sync.schedule import Transfer, TransferSchedule
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger(__name__)
+
+ShardFn = Callable[[str, "torch.Tensor", int, int], "torch.Tensor"]
+
+
+@dataclass
+class SyncReport:
+    """What one side of a sync moved: bytes, buckets, seconds and bandwidth."""
+
+    version: int
+    bytes: int = 0
+    buckets: int = 0
+    seconds: float = 0.0
+    targets: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """Bytes per second over all targets, in GB/s (1e9)."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "bytes": self.bytes,
+            "buckets": self.buckets,
+            "seconds": self.seconds,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "targets": [list(t) for t in self.targets],
+        }
+
+
+def llama_tp_shard(name: str, tensor: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """The shard a tensor-parallel worker holds of a Llama/Qwen2-style checkpoint tensor:
+    column-parallel (q/k/v/gate/up, embeddings, lm_head) split dim 0, row-parallel (o/down)
+    split dim 1, everything else (norms, biases of row-parallel layers) whole."""
+    if tp_size == 1:
+        return tensor
+    column = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+    row = ("o_proj", "down_proj")
+    if any(f"{part}." in name or name.endswith(part) for part in column):
+        dim = 0
+    elif any(f"{part}.weight" in name for part in row):
+        dim = 1
+    else:
+        return tensor
+    if tensor.shape[dim] % tp_size:
+        raise WeightSyncError(
+            f"parameter {name!r} of shape {list(tensor.shape)} does not split into {tp_size} "
+            f"shards along dim {dim}"
+        )
+    return tensor.chunk(tp_size, dim=dim)[tp_rank].contiguous()
+
+
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+class WeightSyncCoordinator:
+    """One coordinator per process; call ``send`` on training ranks, ``receive`` on targets."""
+
+    def __init__(
+        self,
+        config: WeightSyncConfig,
+        *,
+        timeout: float = 60.0,
+        host: str = "127.0.0.1",
+        shared_memory: bool = False,
+        shm_dir: str | Path = "/dev/shm",
+    ) -> None:
+        self.config = config
+        self.schedule = TransferSchedule.from_config(config)
+        self.timeout = timeout
+        self.host = host
+        self.shared_memory = shared_memory
+        self.shm_dir = Path(shm_dir)
+
+    # --- sender -------------------------------------------------------------------------
+
+    def send(
+        self, rank: int, weights: Iterable[tuple[str, torch.Tensor]], version: int = 0
+    ) -> SyncReport:
+        """Send the full tensors of ``weights`` to this rank's targets.
+
+        Every training rank calls this with the same stream (consuming it keeps fsdp/ZeRO-3
+        gathers in step); a rank with no target only consumes it.
+        """
+        transfers = self.schedule.for_sender(rank)
+        report = SyncReport(version)
+        started = time.monotonic()
+        named = [(name, t.detach()) for name, t in weights]
+        if not transfers:
+            return report
+        buckets = plan_buckets(named, self.config.bucket_size)
+        tensors = dict(named)
+        plan = plan_to_json(buckets, version)
+        for transfer in transfers:
+            self._send_one(transfer, buckets, tensors, plan)
+            report.targets.append(transfer.target)
+            report.bytes += sum(b.nbytes for b in buckets)
+            report.buckets += len(buckets)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _open_store(self, transfer: Transfer, master: bool) -> Any:
+        from torch.distributed import TCPStore
+
+        side = "sender" if master else "receiver"
+        try:
+            return TCPStore(
+                self.host,
+                transfer.port,
+                2,
+                master,
+                timeout=_timedelta(self.timeout),
+                wait_for_workers=False,
+            )
+        except Exception as exc:
+            peer = (
+                f"the sender (training rank {transfer.sender})"
+                if not master
+                else f"port {transfer.port}"
+            )
+            raise WeightSyncError(
+                f"{side} could not reach {peer} on {self.host}:{transfer.port} within "
+                f"{self.timeout}s: {exc}"
+            ) from None
+
+    def _wait_key(self, store: Any, key: str, who: str, port: int) -> str:
+        try:
+            store.wait([key], _timedelta(self.timeout))
+            return bytes(store.get(key)).decode()
+        except Exception as exc:
+            if isinstance(exc, WeightSyncError):
+                raise
+            raise WeightSyncError(
+                f"{who} did not arrive on port {port} within {self.timeout}s ({key!r}: {exc})"
+            ) from None
+
+    def _send_one(
+        self, transfer: Transfer, buckets: list[Bucket], tensors: dict[str, torch.Tensor], plan: str
+    ) -> None:
+        import torch
+
+        target = f"the receiver (replica {transfer.replica}, tp_rank {transfer.tp_rank})"
+        store = self._open_store(transfer, master=True)
+        shm_path: Path | None = None
+        try:
+            mode = "shm" if self.shared_memory else "pg"
+            store.set("mode", mode)
+            store.set("plan", plan)
+            ack = self._wait_key(store, "ack", target, transfer.port)
+            if ack != "ok":
+                raise WeightMismatchError(f"{target} rejected the weights: {ack}")
+            if mode == "shm":
+                shm_path = self._write_shm(transfer, buckets, tensors)
+                store.set("shm", str(shm_path))
+            else:
+                device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+                pg = self._process_group(store, 0, device, target, transfer.port)
+                largest = max(b.nbytes for b in buckets)
+                buffers = [
+                    torch.empty(largest, dtype=torch.uint8, device=device)
+                    for _ in range(min(2, len(buckets)))
+                ]
+                in_flight: deque[Any] = deque()
+                for k, bucket in enumerate(buckets):
+                    if len(in_flight) == len(buffers):
+                        self._wait_work(in_flight.popleft(), target, k - len(buffers))
+                    buf = pack(bucket, tensors, buffers[k % len(buffers)])
+                    in_flight.append(pg.send([buf], 1, k))
+                for i, work in enumerate(in_flight):
+                    self._wait_work(work, target, len(buckets) - len(in_flight) + i)
+            done = self._wait_key(store, "done", target, transfer.port)
+            if done != "ok":
+                raise WeightSyncError(f"{target} failed after receiving: {done}")
+        finally:
+            if shm_path is not None and shm_path.exists():
+                shm_path.unlink(missing_ok=True)
+            del store
+
+    def _wait_work(self, work: Any, who: str, bucket: int) -> None:
+        try:
+            ok = work.wait(_timedelta(self.timeout))
+        except Exception as exc:
+            raise WeightSyncError(f"moving bucket {bucket} to/from {who} failed: {exc}") from None
+        if ok is False:
+            raise WeightSyncError(f"bucket {bucket}: {who} did not finish within {self.timeout}s")
+
+    def _process_group(self, store: Any, rank: int, device: Any, peer: str, port: int) -> Any:
+        try:
+            return self._new_process_group(store, rank, device)
+        except Exception as exc:
+            raise WeightSyncError(
+                f"{peer} did not join the transfer on port {port} within {self.timeout}s: {exc}"
+            ) from None
+
+    def _new_process_group(self, store: Any, rank: int, device: Any) -> Any:
+        from torch.distributed import PrefixStore
+
+        prefix = PrefixStore("pg", store)
+        if getattr(device, "type", "cpu") == "cuda":
+            from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+            opts = ProcessGroupNCCL.Options()
+            opts._timeout = _timedelta(self.timeout)
+            return ProcessGroupNCCL(prefix, rank, 2, opts)
+        from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+        return ProcessGroupGloo(prefix, rank, 2, _timedelta(self.timeout))
+
+    def _write_shm(
+        self, transfer: Transfer, buckets: list[Bucket], tensors: dict[str, torch.Tensor]
+    ) -> Path:
+        import torch
+
+        self.shm_dir.mkdir(parents=True, exist_ok=True)
+        total = sum(b.nbytes for b in buckets)
+        final = self.shm_dir / f"arctic-rl-ws-{transfer.port}-{uuid.uuid4().hex}.bin"
+        tmp = final.with_suffix(".tmp")
+        region = torch.from_file(str(tmp), shared=True, size=max(total, 1), dtype=torch.uint8)
+        offset = 0
+        for bucket in buckets:
+            pack(bucket, {k: v.cpu() for k, v in tensors.items()}, region[offset:])
+            offset += bucket.nbytes
+        del region
+        os.replace(tmp, final)
+        return final
+
+    # --- receiver -----------------------------------------------------------------------
+
+    def receive(
+        self,
+        replica: int,
+        tp_rank: int = 0,
+        *,
+        expected: Expected | None = None,
+        shard: ShardFn | None = None,
+        device: str = "cpu",
+    ) -> tuple[list[tuple[str, torch.Tensor]], SyncReport]:
+        """Receive this worker's weights; returns them only once every bucket arrived.
+
+        ``expected`` (name -> (shape, dtype or None)) is checked against the plan before any
+        bytes move; ``shard`` cuts each full tensor to this tp_rank's shard.
+        """
+        import torch
+
+        transfer = self.schedule.for_target(replica, tp_rank)
+        sender = f"the sender (training rank {transfer.sender})"
+        started = time.monotonic()
+        store = self._open_store(transfer, master=False)
+        try:
+            mode = self._wait_key(store, "mode", sender, transfer.port)
+            version, buckets = plan_from_json(self._wait_key(store, "plan", sender, transfer.port))
+            try:
+                check_plan(buckets, expected)
+            except WeightMismatchError as exc:
+                store.set("ack", str(exc))
+                raise
+            store.set("ack", "ok")
+            received: list[tuple[str, torch.Tensor]] = []
+            try:
+                if mode == "shm":
+                    path = self._wait_key(store, "shm", sender, transfer.port)
+                    total = sum(b.nbytes for b in buckets)
+                    region = torch.from_file(
+                        path, shared=False, size=max(total, 1), dtype=torch.uint8
+                    )
+                    offset = 0
+                    for bucket in buckets:
+                        received.extend(unpack(bucket, region[offset : offset + bucket.nbytes]))
+                        offset += bucket.nbytes
+                else:
+                    pg = self._process_group(store, 1, torch.device(device), sender, transfer.port)
+                    buffers = [
+                        torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in buckets
+                    ]
+                    works = [
+                        pg.recv([buf], 0, b.index) for b, buf in zip(buckets, buffers, strict=True)
+                    ]
+                    for bucket, work in zip(buckets, works, strict=True):
+                        self._wait_work(work, sender, bucket.index)
+                    for bucket, buf in zip(buckets, buffers, strict=True):
+                        received.extend(unpack(bucket, buf))
+                if shard is not None and self.config.inference_tp > 1:
+                    received = [
+                        (n, shard(n, t, tp_rank, self.config.inference_tp)) for n, t in received
+                    ]
+            except Exception as exc:
+                try:
+                    store.set("done", f"{type(exc).__name__}: {exc}")
+                except Exception:
+                    pass
+                raise
+            store.set("done", "ok")
+        finally:
+            del store
+        nbytes = sum(b.nbytes for b in buckets)
+        report = SyncReport(
+            version, nbytes, len(buckets), time.monotonic() - started, [(replica, tp_rank)]
+        )
+        return received, report
