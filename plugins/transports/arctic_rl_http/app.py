@@ -12,6 +12,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
 from arctic_platform.rl import __version__
 from arctic_platform.rl.errors import (
     ArcticRLError,
@@ -22,13 +30,6 @@ from arctic_platform.rl.errors import (
 from arctic_platform.rl.operations import OPERATIONS, Operation
 from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame, encode_frame
 from arctic_platform.rl.server.rl_server import RLServer
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ DEFAULT_MAX_REQUEST_BYTES = 256 * 1024 * 1024
 JSON_CONTENT_TYPE = "application/json"
 OPEN_PATHS = frozenset({"/health"})
 """Routes that answer without a token (the docs and OpenAPI routes are open as well)."""
+
+INLINE_OPS = frozenset({"health"})
+"""Operations answered on the event loop, so they answer even when every worker thread is busy."""
 
 _ERROR_SCHEMA = {
     "title": "ErrorBody",
@@ -185,7 +189,10 @@ class _Endpoint:
                 else:
                     payload = _decode_body(body, content_type)
             payload.update(request.path_params)
-            result = await run_in_threadpool(self.server.handle, self.op.name, payload)
+            if self.op.name in INLINE_OPS:
+                result = self.server.handle(self.op.name, payload)
+            else:
+                result = await run_in_threadpool(self.server.handle, self.op.name, payload)
             if _wants_frame(request):
                 frame = await run_in_threadpool(
                     lambda: encode_frame(_plain(result, keep_arrays=True))

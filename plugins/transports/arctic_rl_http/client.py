@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+
 from arctic_platform.rl.errors import ServerError, TransportError
 from arctic_platform.rl.interfaces import ClientTransport
 from arctic_platform.rl.operations import BY_NAME, Operation
@@ -18,6 +19,14 @@ logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 """Answers after which an idempotent operation is tried again."""
+_RETRY_TIMEOUTS = (httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _retryable(error: ServerError) -> bool:
+    """A gateway-style answer worth another try; not the server's own engine timeout (504)."""
+    return error.status_code in RETRY_STATUSES and error.code != "timeout"
+
+
 POOL_KEEPALIVE_SECONDS = 30.0
 """Idle connections are dropped by the client before the server's keep-alive (75 s) ends."""
 
@@ -140,7 +149,8 @@ class HttpTransport(ClientTransport):
             try:
                 response = self._client.send(request)
             except httpx.TimeoutException as exc:
-                if last:
+                # A read timeout means the server may still be running the operation.
+                if last or not isinstance(exc, _RETRY_TIMEOUTS):
                     raise TransportError(
                         f"{op.name} ({op.method} {op.path}) to {self.host}:{self.port} timed out "
                         f"({type(exc).__name__}) after {attempt + 1} attempt(s)"
@@ -155,8 +165,9 @@ class HttpTransport(ClientTransport):
             else:
                 if response.is_success:
                     return self._result(response)
-                if last or response.status_code not in RETRY_STATUSES:
-                    raise self._error(op, response)
+                error = self._error(op, response)
+                if last or not _retryable(error):
+                    raise error
             delay = self.backoff * 2**attempt
             logger.debug("%s: retrying in %.2fs (attempt %d)", op.name, delay, attempt + 2)
             time.sleep(delay)

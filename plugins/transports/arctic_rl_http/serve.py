@@ -10,7 +10,6 @@ import threading
 from arctic_platform.rl.errors import ArcticRLError
 from arctic_platform.rl.network import is_loopback
 from arctic_platform.rl.server.rl_server import RLServer
-
 from arctic_rl_http.app import DEFAULT_MAX_REQUEST_BYTES, build_app
 
 logger = logging.getLogger(__name__)
