@@ -110,3 +110,17 @@ class ServerError(TransportError):
         self.status_code = status_code
         self.message = message
         self.code = code or "error"
+
+
+class MissingDependencyError(PluginError, ImportError):
+    """An optional package a configured feature needs is not installed (the message says which)."""
+
+    status = 501
+    code = "missing_dependency"
+
+
+class EngineError(ArcticRLError):
+    """An engine failed an operation, or was used after ``close()`` or while asleep."""
+
+    status = 500
+    code = "engine_error"

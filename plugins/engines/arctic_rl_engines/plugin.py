@@ -21,12 +21,12 @@ def arctic_rl_register_engines():  # type: ignore[no-untyped-def]
     yield EngineSpec(
         name="vllm",
         role="sampling",
-        factory=not_implemented_yet("the 'vllm' sampling engine"),
+        factory="arctic_rl_engines.vllm_sampling:VLLMSamplingEngine",
         description="vLLM generation with in-place weight updates",
     )
     yield EngineSpec(
         name="vllm",
         role="log_prob",
-        factory=not_implemented_yet("the 'vllm' log-prob engine"),
+        factory="arctic_rl_engines.vllm_log_prob:VLLMLogProbEngine",
         description="vLLM prompt log-probs of prompt + completion",
     )

@@ -1,0 +1,275 @@
+"""The ``vllm`` sampling engine: rollouts from vLLM with the log-prob of every sampled token."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from arctic_platform.rl.errors import InvalidRequestError
+from arctic_platform.rl.interfaces import EngineContext, SamplingEngine
+from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
+
+if TYPE_CHECKING:  # pragma: no cover
+    from arctic_platform.rl.config import ArcticRLClientConfig
+
+
+def _fail(key: str, rule: str, value: Any) -> InvalidRequestError:
+    return InvalidRequestError(f"sampling_params[{key!r}] must be {rule}, got {value!r}")
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise _fail(key, f"an integer >= {minimum}", value)
+    return int(value)
+
+
+def _float(
+    key: str, value: Any, low: float, high: float | None = None, *, open_low: bool = False
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _fail(key, "a number", value)
+    number = float(value)
+    too_low = number <= low if open_low else number < low
+    too_high = high is not None and number > high
+    if too_low or too_high or number != number or number == float("inf"):
+        if high is None:
+            rule = f"a finite number {'>' if open_low else '>='} {low}"
+        else:
+            rule = f"a number in {'(' if open_low else '['}{low}, {high}]"
+        raise _fail(key, rule, value)
+    return number
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Validated sampling parameters; built from the ``sampling_params`` dict by ``parse``.
+
+    ``seed`` makes a call reproducible: completion ``j`` of prompt ``i`` is sampled with seed
+    ``seed + i * n + j``. ``logprobs`` (k) adds the top-k alternatives per sampled token as
+    ``top_logprobs``; the sampled token's own log-prob is always returned.
+    """
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int = 0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The accepted ``sampling_params`` keys."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def parse(cls, params: dict[str, Any] | None, max_logprobs: int = 20) -> SamplingSpec:
+        """Check every key and value of ``params``; unknown keys and bad values are errors."""
+        if params is None:
+            return cls()
+        if not isinstance(params, dict):
+            raise InvalidRequestError(
+                f"sampling_params must be a dict, got {type(params).__name__}"
+            )
+        unknown = sorted(set(params) - set(cls.keys()))
+        if unknown:
+            raise InvalidRequestError(
+                f"sampling_params has unknown key(s) {unknown}; accepted: {cls.keys()}"
+            )
+        p = {k: v for k, v in params.items() if v is not None}
+        out: dict[str, Any] = {}
+        if "n" in p:
+            out["n"] = _int("n", p["n"], 1)
+        if "max_tokens" in p:
+            out["max_tokens"] = _int("max_tokens", p["max_tokens"], 1)
+        if "temperature" in p:
+            out["temperature"] = _float("temperature", p["temperature"], 0.0)
+        if "top_p" in p:
+            out["top_p"] = _float("top_p", p["top_p"], 0.0, 1.0, open_low=True)
+        if "top_k" in p:
+            top_k = p["top_k"]
+            if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < -1:
+                raise _fail("top_k", "-1 or 0 (off) or an integer >= 1", top_k)
+            out["top_k"] = max(int(top_k), 0)
+        if "min_p" in p:
+            out["min_p"] = _float("min_p", p["min_p"], 0.0, 1.0)
+        if "seed" in p:
+            seed = p["seed"]
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+                raise _fail("seed", "an integer or None", seed)
+            out["seed"] = int(seed)
+        if "stop" in p:
+            stop = [p["stop"]] if isinstance(p["stop"], str) else p["stop"]
+            if not isinstance(stop, list | tuple) or not all(
+                isinstance(s, str) and s for s in stop
+            ):
+                raise _fail("stop", "a non-empty string or a list of them", p["stop"])
+            out["stop"] = list(stop)
+        if "stop_token_ids" in p:
+            ids = p["stop_token_ids"]
+            if not isinstance(ids, list | tuple) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+            ):
+                raise _fail("stop_token_ids", "a list of token ids", ids)
+            out["stop_token_ids"] = list(ids)
+        if "logprobs" in p:
+            k = p["logprobs"]
+            k = 0 if isinstance(k, bool) else k  # True/False: the sampled token's only
+            if not isinstance(k, numbers.Integral) or not 0 <= k <= max_logprobs:
+                raise _fail(
+                    "logprobs",
+                    f"an integer in [0, {max_logprobs}] (top alternatives per token; raise "
+                    "the limit with vllm_config max_logprobs)",
+                    p["logprobs"],
+                )
+            out["logprobs"] = int(k)
+        if "min_tokens" in p:
+            out["min_tokens"] = _int("min_tokens", p["min_tokens"], 0)
+        for key in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if key in p:
+                if not isinstance(p[key], bool):
+                    raise _fail(key, "true or false", p[key])
+                out[key] = p[key]
+        if "repetition_penalty" in p:
+            out["repetition_penalty"] = _float(
+                "repetition_penalty", p["repetition_penalty"], 0.0, open_low=True
+            )
+        for key in ("presence_penalty", "frequency_penalty"):
+            if key in p:
+                out[key] = _float(key, p[key], -2.0, 2.0)
+        spec = cls(**out)
+        if spec.min_tokens > spec.max_tokens:
+            raise InvalidRequestError(
+                f"sampling_params['min_tokens']={spec.min_tokens} is more than "
+                f"max_tokens={spec.max_tokens}"
+            )
+        return spec
+
+    def to_vllm(self, seed: int | None = None) -> Any:
+        """The ``vllm.SamplingParams`` for one prompt (``seed`` is that prompt's seed)."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=self.n,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=seed,
+            stop=list(self.stop) or None,
+            stop_token_ids=list(self.stop_token_ids) or None,
+            logprobs=self.logprobs,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+
+    def per_prompt(self, count: int) -> list[Any]:
+        """One ``vllm.SamplingParams`` per prompt; distinct seeds when ``seed`` is set."""
+        if self.seed is None:
+            shared = self.to_vllm()
+            return [shared] * count
+        return [self.to_vllm(self.seed + i * self.n) for i in range(count)]
+
+
+def completion_record(output: Any, top_k: int) -> dict[str, Any]:
+    """One vLLM ``CompletionOutput`` as the wire dict (sampled-token log-probs always set)."""
+    token_ids = list(output.token_ids)
+    steps = output.logprobs or []
+    logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
+    record: dict[str, Any] = {
+        "token_ids": token_ids,
+        "text": output.text,
+        "logprobs": logprobs,
+        "finish_reason": output.finish_reason,
+        "stop_reason": output.stop_reason,
+    }
+    if top_k:
+        record["top_logprobs"] = [top_pairs(step, top_k) for step in steps]
+    return record
+
+
+def top_pairs(step: dict[int, Any], k: int) -> list[list[float | int]]:
+    """The ``k`` most likely ``[token_id, logprob]`` pairs of one position, best first."""
+    ranked = sorted(
+        ((lp.rank, token, float(lp.logprob)) for token, lp in step.items() if lp.rank <= k),
+        key=lambda item: item[0],
+    )
+    return [[token, logprob] for _, token, logprob in ranked[:k]]
+
+
+class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
+    """vLLM generation with in-place weight updates (the ``vllm`` sampling engine)."""
+
+    def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
+        super().__init__(config, context or EngineContext(role="sampling"))
+
+    def prompt_token_ids(self, prompts: list[str] | list[list[int]]) -> list[list[int]]:
+        """Each prompt as token ids (strings tokenized as vLLM does), checked to fit the context."""
+        if not isinstance(prompts, list | tuple):
+            raise InvalidRequestError(
+                f"prompts must be a list of strings or token-id lists, got {type(prompts).__name__}"
+            )
+        tokenizer = None
+        out: list[list[int]] = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                tokenizer = tokenizer or self.tokenizer
+                ids = list(tokenizer.encode(prompt))
+            else:
+                ids = as_token_ids(prompt, f"prompts[{i}]", self.vocab_size)
+            if not ids:
+                raise InvalidRequestError(f"prompts[{i}] is empty")
+            if len(ids) >= self.max_model_len:
+                raise InvalidRequestError(
+                    f"prompts[{i}] has {len(ids)} tokens, too long for the context of "
+                    f"{self.max_model_len} tokens (max_model_len) with at least one token to "
+                    f"generate; shorten it to {self.max_model_len - 1} tokens or raise "
+                    "vllm_config max_model_len"
+                )
+            out.append(ids)
+        return out
+
+    def generate(
+        self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Per prompt: ``prompt_token_ids`` and ``n`` ``completions`` (token_ids, text,
+        logprobs, finish_reason, stop_reason; ``top_logprobs`` when ``logprobs`` > 0)."""
+        from vllm.inputs import TokensPrompt
+
+        spec = SamplingSpec.parse(sampling_params, self.max_logprobs)
+        token_ids = self.prompt_token_ids(prompts)
+        if not token_ids:
+            return []
+        llm = self._ready()
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in token_ids],
+            spec.per_prompt(len(token_ids)),
+            use_tqdm=False,
+        )
+        results = []
+        for ids, output in zip(token_ids, outputs, strict=True):
+            completions = sorted(output.outputs, key=lambda c: c.index)
+            results.append(
+                {
+                    "prompt_token_ids": ids,
+                    "completions": [completion_record(c, spec.logprobs) for c in completions],
+                }
+            )
+        return results

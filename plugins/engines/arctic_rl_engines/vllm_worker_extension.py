@@ -1,0 +1,175 @@
+"""Methods mixed into vLLM's worker (``worker_extension_cls``): in-place weights and norms.
+
+vLLM imports this module inside each of its workers, in this process or in its engine
+subprocesses, and adds ``ArcticWorkerExtension`` to the worker's bases; the engine calls the
+methods by name through ``LLM.collective_rpc``. Weights arrive as a dict of tensors when the
+worker shares the engine's process, or as safetensors bytes when it does not, never as a
+pickled callable. The module imports nothing heavy at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+# Checkpoint names vLLM's loaders skip on purpose: they are never served weights.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+_SUMSQ_CHUNK = 1 << 24  # elements per float64 chunk when summing squares
+_PARTIAL_RELOAD_MESSAGE = "%s: Failed to load weights"
+
+
+def sum_of_squares(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> float:
+    """Sum of squared elements in float64, optionally after casting to ``dtype`` (as served)."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    if dtype is not None and flat.is_floating_point() and flat.dtype != dtype:
+        flat = flat.to(dtype)
+    total = 0.0
+    for chunk in flat.split(_SUMSQ_CHUNK):
+        total += float(chunk.to(torch.float64).square().sum().item())
+    return total
+
+
+def fused_groups(packed: dict[str, list[str]], names: Iterable[str]) -> list[str]:
+    """Problems with fused modules in ``names``: a ``q_proj`` without its ``k_proj``/``v_proj``.
+
+    vLLM serves q/k/v (and gate/up) as one fused tensor, so a reload must bring all parts
+    of a fused module together; otherwise the missing parts would be left uninitialised.
+    """
+    present = set(names)
+    problems: list[str] = []
+    for name in sorted(present):
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            for fused, members in packed.items():
+                if part not in members:
+                    continue
+                siblings = [".".join([*parts[:i], m, *parts[i + 1 :]]) for m in members]
+                missing = [s for s in siblings if s not in present]
+                if missing:
+                    problems.append(
+                        f"{name} is part of fused {fused!r} but {', '.join(missing)} "
+                        "is not in the same update"
+                    )
+    return problems
+
+
+class _DropPartialReloadWarnings(logging.Filter):
+    """Hides vLLM's per-layer 'Failed to load weights' notes during an intended partial reload."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _PARTIAL_RELOAD_MESSAGE
+
+
+class ArcticWorkerExtension:
+    """Worker-side half of the vLLM engines: reload weights in place, report their norm.
+
+    The norm is kept per checkpoint-format tensor (name -> float64 sum of squares): first
+    from the checkpoint vLLM loaded, then from every tensor reloaded. On CPU vLLM hands the
+    linear weights to oneDNN and empties the parameters, so the served tensors cannot be
+    read back; the record is of exactly the tensors that were fed to ``reload_weights``.
+    """
+
+    _arctic_sumsq: dict[str, float] | None = None
+
+    def _arctic_model(self) -> Any:
+        return self.model_runner.get_model()  # type: ignore[attr-defined]
+
+    def _arctic_tied(self) -> bool:
+        hf_config = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
+        text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
+        return bool(getattr(text_config, "tie_word_embeddings", False))
+
+    def _arctic_counted(self, name: str) -> bool:
+        if name.endswith(_IGNORED_SUFFIXES):
+            return False
+        return not (self._arctic_tied() and name.startswith("lm_head."))
+
+    def _arctic_dtype(self) -> torch.dtype:
+        return self.model_runner.model_config.dtype  # type: ignore[attr-defined,no-any-return]
+
+    def _arctic_record(self) -> dict[str, float]:
+        if self._arctic_sumsq is None:
+            from vllm.model_executor.model_loader import get_model_loader
+
+            config = self.vllm_config  # type: ignore[attr-defined]
+            loader = get_model_loader(config.load_config)
+            dtype = self._arctic_dtype()
+            record: dict[str, float] = {}
+            for name, tensor in loader.get_all_weights(config.model_config, self._arctic_model()):
+                if self._arctic_counted(name):
+                    record[name] = sum_of_squares(tensor, dtype)
+            self._arctic_sumsq = record
+        return self._arctic_sumsq
+
+    def arctic_check_weight_names(self, names: list[str]) -> list[str]:
+        """Problems that would stop ``names`` from loading (unknown names, split fused modules)."""
+        model = self._arctic_model()
+        packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        known = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        problems = fused_groups(packed, names)
+        unknown: list[str] = []
+        for name in names:
+            if not self._arctic_counted(name):
+                continue
+            mapped: str | None = name
+            if mapper is not None:
+                mapped = mapper.map_name(name)
+                if mapped is None:  # the model's loader drops this name on purpose
+                    continue
+            candidates = {mapped}
+            for fused, members in packed.items():
+                for member in members:
+                    token = f".{member}."
+                    if token in f".{mapped}.":
+                        candidates.add(f".{mapped}.".replace(token, f".{fused}.").strip("."))
+            if not candidates & known:
+                unknown.append(name)
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (
+                f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+            )
+            problems.append(f"{len(unknown)} name(s) match no weight of the served model: {shown}")
+        return problems
+
+    def arctic_load_weights(self, weights: bytes | dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Reload the given checkpoint-format tensors in place; returns counts and seconds."""
+        import time
+
+        started = time.perf_counter()
+        if isinstance(weights, bytes | bytearray | memoryview):
+            from safetensors.torch import load
+
+            tensors = load(bytes(weights))
+        else:
+            tensors = dict(weights)
+        model = self._arctic_model()
+        packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        problems = fused_groups(packed, tensors)
+        if problems:
+            raise ValueError("; ".join(problems))
+        record = self._arctic_record()  # read the checkpoint norms before they are replaced
+        dtype = self._arctic_dtype()
+        quiet = _DropPartialReloadWarnings()
+        reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        reload_logger.addFilter(quiet)
+        try:
+            self.model_runner.reload_weights(  # type: ignore[attr-defined]
+                weights_iterator=iter(tensors.items()), is_checkpoint_format=True
+            )
+        finally:
+            reload_logger.removeFilter(quiet)
+        for name, tensor in tensors.items():
+            if self._arctic_counted(name):
+                record[name] = sum_of_squares(tensor, dtype)
+        return {"tensors": len(tensors), "seconds": time.perf_counter() - started}
+
+    def arctic_weight_sumsq(self) -> float:
+        """Sum of squares (float64) over the checkpoint-format weights this worker serves."""
+        return float(sum(self._arctic_record().values()))
