@@ -124,3 +124,23 @@ class EngineError(ArcticRLError):
 
     status = 500
     code = "engine_error"
+
+
+class LossConfigError(InvalidRequestError):
+    """A ``loss_config`` with unknown keys, or values a loss does not accept."""
+
+    status = 422
+    code = "invalid_loss_config"
+
+
+class EngineConfigError(EngineError, ValueError):
+    """An engine setting (ds_config, training_config, dtype) that cannot be honoured here."""
+
+    status = 422
+    code = "invalid_engine_config"
+
+
+class CheckpointError(EngineError):
+    """A checkpoint that cannot be written, found or restored."""
+
+    code = "checkpoint_error"

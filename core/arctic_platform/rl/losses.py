@@ -1,17 +1,378 @@
-"""Built-in losses for ``fwd_bwd``, registered as loss plugins by core itself."""
+"""Built-in losses for ``fwd_bwd`` (grpo, ppo, importance_sampling, cross_entropy).
+
+The ``LossFn`` contract, for these and for third-party losses: an engine calls the loss once
+per micro-batch as ``loss_fn(log_probs, batch, **config)``.
+
+- ``log_probs``: float tensor ``[B, T]`` with grad, entry ``i`` = ``log p(x_i | x_<i)``; 0 in
+  column 0 and on right padding.
+- ``batch``: tensors ``[B, T]`` ``input_ids``, ``loss_mask`` (0 on padding), ``advantages``,
+  and when given ``old_log_probs``, ``ref_log_probs``; ``entropy`` when the loss asks for it;
+  plus the floats ``num_tokens`` and ``num_seqs``: the loss-mask sum and the number of rows
+  with a trained token in the WHOLE batch, over every micro-batch and rank.
+- It returns a ``LossOutput``: ``loss`` is this micro-batch's share of the global mean (so the
+  shares of all micro-batches and ranks add up to it exactly), and ``metrics`` maps names to
+  ``(sum, count)`` pairs that the engine adds up and reports as ``{name}.sum``/``{name}.tokens``.
+  A loss may instead return a per-token tensor ``[B, T]``; the engine then token-means it.
+
+Built-in losses also offer ``configure(loss_config)`` (defaults merged; unknown keys are a
+``LossConfigError``), ``required_fields(config)`` and ``needs_entropy(config)``.
+Importing this module does not import torch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from arctic_platform.rl.errors import LossConfigError
 from arctic_platform.rl.plugins.hookspecs import hookimpl
-from arctic_platform.rl.plugins.specs import LossSpec, not_implemented_yet
+from arctic_platform.rl.plugins.specs import LossSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 BUILTIN_LOSSES = ("grpo", "ppo", "importance_sampling", "cross_entropy")
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# Log-ratios are clamped to this range before exp(), so one wild token cannot overflow.
+MAX_LOG_RATIO = 20.0
+
+
+@dataclass
+class LossOutput:
+    """One micro-batch's loss (its share of the global mean) and its ``(sum, count)`` metrics."""
+
+    loss: torch.Tensor
+    metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def aggregate(
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    mode: str,
+    num_tokens: float,
+    num_seqs: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reduce per-token ``values`` [B, T] under ``weights`` (the loss mask) by ``mode``.
+
+    Returns ``(share, sum, count)``: ``share`` is normalised by the GLOBAL ``num_tokens``
+    (token-mean) or ``num_seqs`` (seq-mean modes); ``sum``/``count`` are this micro-batch's.
+    """
+    import torch
+
+    selected = weights != 0
+    masked = torch.where(selected, values * weights, torch.zeros_like(values))
+    if mode == "token-mean":
+        total = masked.sum()
+        return total / max(float(num_tokens), 1e-12), total, weights.sum()
+    if mode not in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        raise LossConfigError(f"aggregation {mode!r} is not one of {list(AGGREGATIONS)}")
+    per_seq = masked.sum(dim=-1)
+    row_weight = weights.sum(dim=-1)
+    has_tokens = selected.any(dim=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / torch.where(has_tokens, row_weight, torch.ones_like(row_weight))
+    total = per_seq.sum()
+    count = has_tokens.to(values.dtype).sum()
+    return total / max(float(num_seqs), 1e-12), total, count
+
+
+def token_metric(values: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum, count)`` of a per-token quantity over the loss mask, without gradient."""
+    import torch
+
+    with torch.no_grad():
+        selected = weights != 0
+        total = torch.where(selected, values.detach() * weights, torch.zeros_like(values)).sum()
+        return total, weights.sum()
+
+
+def kl_penalty(
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str, selected: torch.Tensor
+) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate by ``estimator`` (k1, k2 or k3).
+
+    With ``r = pi/pi_ref``: k1 = log r, k2 = (log r)^2 / 2, k3 = 1/r - 1 + log r (unbiased and
+    non-negative).
+    Positions outside ``selected`` give 0 (and a finite gradient).
+    """
+    import torch
+
+    diff = torch.where(selected, log_probs - ref_log_probs, torch.zeros_like(log_probs))
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff * diff
+    if estimator == "k3":
+        neg = (-diff).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        return torch.exp(neg) - 1.0 - neg
+    raise LossConfigError(f"kl_estimator {estimator!r} is not one of {list(KL_ESTIMATORS)}")
+
+
+class BuiltinLoss:
+    """Shared machinery of the built-in losses: defaults, key checks, KL and entropy terms."""
+
+    name = "loss"
+    defaults: dict[str, Any] = {}
+    aliases: dict[str, tuple[str, ...]] = {}
+
+    def configure(self, loss_config: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``defaults`` overlaid with ``loss_config``; unknown keys or bad values raise."""
+        given = dict(loss_config or {})
+        allowed = sorted(set(self.defaults) | set(self.aliases))
+        unknown = sorted(set(given) - set(allowed))
+        if unknown:
+            raise LossConfigError(
+                f"unknown loss_config key(s) {unknown} for loss {self.name!r}; allowed: {allowed}"
+            )
+        config = dict(self.defaults)
+        for alias, targets in self.aliases.items():
+            if alias in given:
+                value = given.pop(alias)
+                for target in targets:
+                    if target in given and given[target] != value:
+                        raise LossConfigError(
+                            f"loss_config {alias}={value!r} disagrees with "
+                            f"{target}={given[target]!r}; {alias} sets {list(targets)}"
+                        )
+                    config[target] = value
+        config.update(given)
+        self._check(config)
+        return config
+
+    def _check(self, config: dict[str, Any]) -> None:
+        if config.get("aggregation", "token-mean") not in AGGREGATIONS:
+            raise LossConfigError(
+                f"loss_config aggregation={config['aggregation']!r} is not one of "
+                f"{list(AGGREGATIONS)}"
+            )
+        if "kl_estimator" in config and config["kl_estimator"] not in KL_ESTIMATORS:
+            raise LossConfigError(
+                f"loss_config kl_estimator={config['kl_estimator']!r} is not one of "
+                f"{list(KL_ESTIMATORS)}"
+            )
+        for key in ("kl_coef", "entropy_coef", "clip_eps_low", "clip_eps_high"):
+            if key in config:
+                value = config[key]
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise LossConfigError(f"loss_config {key}={value!r} must be a number")
+                if not math.isfinite(value):
+                    raise LossConfigError(f"loss_config {key}={value!r} must be finite")
+        for key in ("clip_eps_low", "clip_eps_high"):
+            if key in config and config[key] < 0:
+                raise LossConfigError(f"loss_config {key}={config[key]} must be >= 0")
+        if config.get("clip_eps_low", 0.0) >= 1.0:
+            raise LossConfigError(
+                f"loss_config clip_eps_low={config['clip_eps_low']} must be < 1 "
+                "(the ratio is clipped to [1 - clip_eps_low, 1 + clip_eps_high])"
+            )
+        c = config.get("clip_ratio_c")
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not c > 1.0):
+            raise LossConfigError(f"loss_config clip_ratio_c={c!r} must be None or a number > 1")
+
+    def required_fields(self, config: Mapping[str, Any]) -> set[str]:
+        """Batch fields this loss needs with ``config``."""
+        needed = {"advantages"}
+        if config.get("kl_coef", 0.0):
+            needed.add("ref_log_probs")
+        return needed
+
+    def needs_entropy(self, config: Mapping[str, Any]) -> bool:
+        """Whether the engine must provide per-token ``entropy`` in the batch."""
+        return bool(config.get("entropy_coef", 0.0))
+
+    def _regularise(
+        self,
+        per_token: torch.Tensor,
+        log_probs: torch.Tensor,
+        batch: Mapping[str, Any],
+        config: Mapping[str, Any],
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        weights = batch["loss_mask"]
+        kl_coef = float(config.get("kl_coef", 0.0))
+        if kl_coef:
+            if batch.get("ref_log_probs") is None:
+                raise LossConfigError(
+                    f"loss {self.name!r} has kl_coef={kl_coef} but the batch has no 'ref_log_probs'"
+                )
+            kl = kl_penalty(log_probs, batch["ref_log_probs"], config["kl_estimator"], weights != 0)
+            per_token = per_token + kl_coef * kl
+            metrics["kl"] = token_metric(kl, weights)
+        entropy_coef = float(config.get("entropy_coef", 0.0))
+        if entropy_coef:
+            entropy = batch.get("entropy")
+            if entropy is None:
+                raise LossConfigError(
+                    f"loss {self.name!r} has entropy_coef={entropy_coef} but the engine gave "
+                    "no 'entropy'"
+                )
+            per_token = per_token - entropy_coef * entropy
+            metrics["entropy"] = token_metric(entropy, weights)
+        return per_token
+
+    def _finish(
+        self,
+        per_token: torch.Tensor,
+        primary: str,
+        batch: Mapping[str, Any],
+        config: Mapping[str, Any],
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    ) -> LossOutput:
+        weights = batch["loss_mask"]
+        mode = config.get("aggregation", "token-mean")
+        num_tokens, num_seqs = float(batch["num_tokens"]), float(batch["num_seqs"])
+        raw = metrics.pop("_primary_values")[0]
+        _, p_sum, p_count = aggregate(raw.detach(), weights, mode, num_tokens, num_seqs)
+        metrics[primary] = (p_sum, p_count)
+        share, total, count = aggregate(per_token, weights, mode, num_tokens, num_seqs)
+        metrics["loss"] = (total.detach(), count)
+        return LossOutput(loss=share, metrics=metrics)
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        raise NotImplementedError  # pragma: no cover
+
+
+class PolicyGradientLoss(BuiltinLoss):
+    """Token-level clipped-ratio policy gradient (PPO / GRPO), with optional dual clip.
+
+    Per token: ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` with ``r = exp(logp -
+    old_logp)`` (``old_log_probs`` default to the detached current ones, i.e. ``r = 1``); with
+    ``clip_ratio_c`` the loss of a negative-advantage token is capped at ``-A c``.
+    """
+
+    aliases = {"eps_clip": ("clip_eps_low", "clip_eps_high")}
+
+    def __init__(self, name: str, aggregation: str, kl_estimator: str) -> None:
+        self.name = name
+        self.defaults = {
+            "clip_eps_low": 0.2,
+            "clip_eps_high": 0.2,
+            "clip_ratio_c": None,
+            "kl_coef": 0.0,
+            "kl_estimator": kl_estimator,
+            "entropy_coef": 0.0,
+            "aggregation": aggregation,
+        }
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        """Per-micro-batch loss share and metrics (pg_loss, clip_frac, ratio, kl, entropy)."""
+        import torch
+
+        config = config or self.configure(None)
+        weights = batch["loss_mask"]
+        selected = weights != 0
+        advantages = batch["advantages"]
+        old = batch.get("old_log_probs")
+        if old is None:
+            old = log_probs.detach()
+        log_ratio = torch.where(selected, log_probs - old, torch.zeros_like(log_probs))
+        ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
+        unclipped = -advantages * ratio
+        clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+        pg = torch.maximum(unclipped, clipped)
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        metrics["clip_frac"] = token_metric((clipped > unclipped).to(pg.dtype), weights)
+        c = config.get("clip_ratio_c")
+        if c is not None:
+            cap = -advantages * float(c)
+            dual = (advantages < 0) & (pg > cap)
+            pg = torch.where(advantages < 0, torch.minimum(pg, cap), pg)
+            metrics["dual_clip_frac"] = token_metric(dual.to(pg.dtype), weights)
+        metrics["ratio"] = token_metric(ratio, weights)
+        metrics["_primary_values"] = (pg, weights)
+        per_token = self._regularise(pg, log_probs, batch, config, metrics)
+        return self._finish(per_token, "pg_loss", batch, config, metrics)
+
+
+class ImportanceSamplingLoss(BuiltinLoss):
+    """Unclipped importance-weighted policy gradient: ``-A exp(logp - old_logp)`` per token."""
+
+    name = "importance_sampling"
+    defaults = {
+        "kl_coef": 0.0,
+        "kl_estimator": "k1",
+        "entropy_coef": 0.0,
+        "aggregation": "token-mean",
+    }
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        """Per-micro-batch loss share and metrics (pg_loss, ratio, kl, entropy)."""
+        import torch
+
+        config = config or self.configure(None)
+        weights = batch["loss_mask"]
+        old = batch.get("old_log_probs")
+        if old is None:
+            old = log_probs.detach()
+        log_ratio = torch.where(weights != 0, log_probs - old, torch.zeros_like(log_probs))
+        ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        pg = -batch["advantages"] * ratio
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
+            "ratio": token_metric(ratio, weights),
+            "_primary_values": (pg, weights),
+        }
+        per_token = self._regularise(pg, log_probs, batch, config, metrics)
+        return self._finish(per_token, "pg_loss", batch, config, metrics)
+
+
+class CrossEntropyLoss(BuiltinLoss):
+    """Supervised negative log-likelihood of the ``loss_mask`` tokens (SFT)."""
+
+    name = "cross_entropy"
+    defaults = {"aggregation": "token-mean"}
+
+    def required_fields(self, config: Mapping[str, Any]) -> set[str]:
+        """Nothing beyond ``input_ids`` and ``loss_mask``."""
+        return set()
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        """Per-micro-batch loss share and its ``nll`` metric."""
+        config = config or self.configure(None)
+        nll = -log_probs
+        metrics: dict[str, tuple[Any, Any]] = {"_primary_values": (nll, batch["loss_mask"])}
+        return self._finish(nll, "nll", batch, config, metrics)
+
+
+def make_grpo() -> PolicyGradientLoss:
+    """GRPO: clipped ratio, sequence-mean of token-means, k3 KL when ``kl_coef`` is set."""
+    return PolicyGradientLoss("grpo", aggregation="seq-mean-token-mean", kl_estimator="k3")
+
+
+def make_ppo() -> PolicyGradientLoss:
+    """PPO: clipped ratio (dual clip with ``clip_ratio_c``), token-mean, k1 KL."""
+    return PolicyGradientLoss("ppo", aggregation="token-mean", kl_estimator="k1")
+
+
+def make_importance_sampling() -> ImportanceSamplingLoss:
+    """Unclipped importance sampling, token-mean."""
+    return ImportanceSamplingLoss()
+
+
+def make_cross_entropy() -> CrossEntropyLoss:
+    """Cross-entropy (SFT) on the loss-mask tokens, token-mean."""
+    return CrossEntropyLoss()
+
+
+_FACTORIES = {
+    "grpo": make_grpo,
+    "ppo": make_ppo,
+    "importance_sampling": make_importance_sampling,
+    "cross_entropy": make_cross_entropy,
+}
 
 
 @hookimpl
 def arctic_rl_register_losses() -> Iterator[LossSpec]:
     """grpo, ppo, importance_sampling and cross_entropy."""
     for name in BUILTIN_LOSSES:
-        yield LossSpec(name=name, factory=not_implemented_yet(f"the {name!r} loss"))
+        factory = _FACTORIES[name]
+        yield LossSpec(
+            name=name,
+            factory=factory,
+            defaults=dict(factory().defaults),
+            description=(factory.__doc__ or "").strip(),
+        )

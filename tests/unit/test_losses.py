@@ -1,0 +1,217 @@
+"""The built-in losses against values worked out by hand on two tiny sequences."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from arctic_platform.rl.errors import LossConfigError  # noqa: E402
+from arctic_platform.rl.losses import (  # noqa: E402
+    aggregate,
+    make_cross_entropy,
+    make_grpo,
+    make_importance_sampling,
+    make_ppo,
+)
+from arctic_platform.rl.plugins import get_registry  # noqa: E402
+
+# Two rows of 3 positions; column 0 is never trained. Row 0 trains positions 1 and 2,
+# row 1 trains position 2 only.
+LOG_PROBS = [[0.0, math.log(0.5), math.log(0.25)], [0.0, math.log(0.8), math.log(0.1)]]
+OLD = [[0.0, math.log(0.4), math.log(0.25)], [0.0, math.log(0.8), math.log(0.2)]]
+MASK = [[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]
+ADV = [[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]]
+
+
+def batch(**extra: object) -> dict[str, object]:
+    """The tiny batch as tensors, with global counts for one micro-batch."""
+    out: dict[str, object] = {
+        "loss_mask": torch.tensor(MASK, dtype=torch.float64),
+        "advantages": torch.tensor(ADV, dtype=torch.float64),
+        "old_log_probs": torch.tensor(OLD, dtype=torch.float64),
+        "num_tokens": 3.0,
+        "num_seqs": 2.0,
+    }
+    out.update(extra)
+    return out
+
+
+def log_probs() -> torch.Tensor:
+    return torch.tensor(LOG_PROBS, dtype=torch.float64, requires_grad=True)
+
+
+def run(loss: object, config: dict | None = None, **extra: object):
+    cfg = loss.configure(config)  # type: ignore[attr-defined]
+    return loss(log_probs(), batch(**extra), **cfg)  # type: ignore[operator]
+
+
+def test_ppo_token_mean_clips_the_ratio_on_each_side() -> None:
+    # Ratios on trained tokens: 0.5/0.4 = 1.25 (A=1, clipped to 1.2), 1.0 (A=1), 0.5 (A=-2,
+    # clipped to 0.8). Per-token loss = max(-A r, -A clip(r)): max(-1.25, -1.2) = -1.2;
+    # max(-1, -1) = -1; max(1.0, 1.6) = 1.6. Token mean = (-1.2 - 1 + 1.6) / 3.
+    out = run(make_ppo())
+    assert out.loss.item() == pytest.approx((-1.2 - 1.0 + 1.6) / 3)
+    s, n = out.metrics["clip_frac"]
+    assert (s.item(), n.item()) == (2.0, 3.0)
+    s, n = out.metrics["ratio"]
+    assert s.item() == pytest.approx(1.25 + 1.0 + 0.5)
+
+
+def test_ppo_dual_clip_caps_negative_advantage_tokens() -> None:
+    # With clip_ratio_c=3 the A=-2 token's loss is capped at -A*c = 6. An old log-prob of
+    # ln 0.025 makes r = 4: max(-A r, -A clip(r)) = max(8, 2.4) = 8 -> capped to 6.
+    old = torch.tensor(
+        [[0.0, math.log(0.4), math.log(0.25)], [0.0, 0.0, math.log(0.025)]], dtype=torch.float64
+    )
+    loss = make_ppo()
+    cfg = loss.configure({"clip_ratio_c": 3.0})
+    out = loss(log_probs(), batch(old_log_probs=old), **cfg)
+    assert out.loss.item() == pytest.approx((-1.2 - 1.0 + 6.0) / 3)
+    s, _ = out.metrics["dual_clip_frac"]
+    assert s.item() == 1.0
+
+
+def test_grpo_defaults_to_mean_over_sequences_of_token_means() -> None:
+    # Same per-token losses as PPO: row 0 mean (-1.2 - 1) / 2 = -1.1, row 1: 1.6.
+    out = run(make_grpo())
+    assert out.loss.item() == pytest.approx((-1.1 + 1.6) / 2)
+    s, n = out.metrics["loss"]
+    assert (s.item(), n.item()) == (pytest.approx(0.5), 2.0)
+
+
+def test_grpo_seq_mean_token_sum() -> None:
+    out = run(make_grpo(), {"aggregation": "seq-mean-token-sum"})
+    assert out.loss.item() == pytest.approx((-2.2 + 1.6) / 2)
+
+
+def test_grpo_k3_kl_to_the_reference_is_added_with_its_coefficient() -> None:
+    # ref = old; k3 = exp(ref - logp) - (ref - logp) - 1 per trained token:
+    # r' = 0.8 -> 0.8 - ln 0.8 - 1; r' = 1 -> 0; r' = 2 -> 2 - ln 2 - 1.
+    k = [0.8 - math.log(0.8) - 1, 0.0, 2 - math.log(2) - 1]
+    ref = torch.tensor(OLD, dtype=torch.float64)
+    out = run(make_grpo(), {"kl_coef": 0.5}, ref_log_probs=ref)
+    rows = [((-1.2 + 0.5 * k[0]) + (-1.0 + 0.5 * k[1])) / 2, 1.6 + 0.5 * k[2]]
+    assert out.loss.item() == pytest.approx(sum(rows) / 2)
+    s, n = out.metrics["kl"]
+    assert s.item() == pytest.approx(sum(k)) and n.item() == 3.0
+
+
+def test_ppo_k1_kl_and_entropy_bonus() -> None:
+    ref = torch.zeros(2, 3, dtype=torch.float64)
+    entropy = torch.tensor([[9.0, 1.0, 2.0], [9.0, 9.0, 3.0]], dtype=torch.float64)
+    cfg_loss = make_ppo()
+    cfg = cfg_loss.configure({"kl_coef": 0.1, "entropy_coef": 0.01})
+    out = cfg_loss(log_probs(), batch(ref_log_probs=ref, entropy=entropy), **cfg)
+    k1 = math.log(0.5) + math.log(0.25) + math.log(0.1)
+    expected = (-1.2 - 1.0 + 1.6 + 0.1 * k1 - 0.01 * (1.0 + 2.0 + 3.0)) / 3
+    assert out.loss.item() == pytest.approx(expected)
+    assert out.metrics["entropy"][0].item() == pytest.approx(6.0)
+
+
+def test_importance_sampling_is_unclipped() -> None:
+    # -A r: -1.25, -1.0, +1.0 -> mean -1.25 / 3.
+    out = run(make_importance_sampling())
+    assert out.loss.item() == pytest.approx((-1.25 - 1.0 + 1.0) / 3)
+
+
+def test_cross_entropy_is_the_mean_negative_log_likelihood_of_trained_tokens() -> None:
+    out = run(make_cross_entropy())
+    expected = -(math.log(0.5) + math.log(0.25) + math.log(0.1)) / 3
+    assert out.loss.item() == pytest.approx(expected)
+    assert out.metrics["nll"][0].item() == pytest.approx(expected * 3)
+
+
+def test_cross_entropy_gradient_is_minus_mask_over_tokens() -> None:
+    lp = log_probs()
+    loss = make_cross_entropy()
+    loss(lp, batch(), **loss.configure(None)).loss.backward()
+    assert lp.grad.tolist() == [[0.0, -1 / 3, -1 / 3], [0.0, 0.0, -1 / 3]]
+
+
+def test_on_policy_ratio_defaults_to_one_without_old_log_probs() -> None:
+    b = batch()
+    del b["old_log_probs"]
+    loss = make_ppo()
+    out = loss(log_probs(), b, **loss.configure(None))
+    # r = 1 everywhere: -A -> (-1 - 1 + 2) / 3 = 0.
+    assert out.loss.item() == pytest.approx(0.0)
+
+
+def test_shares_of_micro_batches_add_up_to_the_global_mean() -> None:
+    loss = make_grpo()
+    cfg = loss.configure(None)
+    whole = loss(log_probs(), batch(), **cfg).loss.item()
+    parts = 0.0
+    for row in (0, 1):
+        b = {k: (v[row : row + 1] if torch.is_tensor(v) else v) for k, v in batch().items()}
+        parts += loss(log_probs()[row : row + 1], b, **cfg).loss.item()
+    assert parts == pytest.approx(whole)
+
+
+def test_padding_with_huge_values_stays_finite() -> None:
+    lp = torch.tensor([[0.0, -200.0]], dtype=torch.float64, requires_grad=True)
+    b = {
+        "loss_mask": torch.tensor([[0.0, 0.0]], dtype=torch.float64),
+        "advantages": torch.tensor([[1.0, 1.0]], dtype=torch.float64),
+        "old_log_probs": torch.tensor([[0.0, 0.0]], dtype=torch.float64),
+        "ref_log_probs": torch.tensor([[0.0, 0.0]], dtype=torch.float64),
+        "num_tokens": 1.0,
+        "num_seqs": 1.0,
+    }
+    loss = make_grpo()
+    out = loss(lp, b, **loss.configure({"kl_coef": 1.0}))
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and torch.isfinite(lp.grad).all()
+
+
+def test_unknown_loss_config_key_lists_the_allowed_ones() -> None:
+    with pytest.raises(
+        LossConfigError,
+        match=r"unknown loss_config key\(s\) \['clip'\].*"
+        r"allowed: \[.*'clip_eps_high'.*\]",
+    ):
+        make_ppo().configure({"clip": 0.1})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"aggregation": "mean"},
+        {"kl_estimator": "k9"},
+        {"clip_ratio_c": 0.5},
+        {"clip_eps_low": -0.1},
+        {"kl_coef": float("nan")},
+    ],
+)
+def test_bad_loss_config_values_are_refused(config: dict) -> None:
+    with pytest.raises(LossConfigError):
+        make_grpo().configure(config)
+
+
+def test_eps_clip_alias_sets_both_sides() -> None:
+    cfg = make_ppo().configure({"eps_clip": 0.1})
+    assert cfg["clip_eps_low"] == cfg["clip_eps_high"] == 0.1
+
+
+def test_kl_needs_reference_log_probs() -> None:
+    loss = make_ppo()
+    assert "ref_log_probs" in loss.required_fields(loss.configure({"kl_coef": 0.1}))
+    assert "ref_log_probs" not in loss.required_fields(loss.configure(None))
+
+
+def test_aggregate_seq_modes_skip_rows_without_trained_tokens() -> None:
+    values = torch.tensor([[1.0, 2.0], [5.0, 5.0]])
+    weights = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    share, total, count = aggregate(values, weights, "seq-mean-token-mean", 2.0, 1.0)
+    assert (share.item(), total.item(), count.item()) == (1.5, 1.5, 1.0)
+
+
+def test_builtin_losses_are_registered_with_real_factories() -> None:
+    reg = get_registry()
+    for name in ("grpo", "ppo", "importance_sampling", "cross_entropy"):
+        spec = reg.get("loss", name)
+        assert spec.implemented
+        assert callable(spec.create())
