@@ -57,9 +57,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_size: int) -> list[Bucket]:
-    """Cut tensors, in order, into buckets of at most ``bucket_size`` bytes (a bigger tensor
-    gets a bucket of its own)."""
+DIRECT_BYTES = 1024 * 1024
+
+
+def plan_buckets(
+    named: Sequence[tuple[str, torch.Tensor]], bucket_size: int, direct_bytes: int = DIRECT_BYTES
+) -> list[Bucket]:
+    """Cut tensors, in order, into buckets of at most ``bucket_size`` bytes.
+
+    A tensor of ``direct_bytes`` or more (or bigger than a bucket) gets a bucket of its own,
+    which ``pack`` sends straight from the tensor's memory: packing copies cost more than
+    extra messages do."""
     if bucket_size <= 0:
         raise ValueError(f"bucket_size must be > 0, got {bucket_size}")
     buckets: list[Bucket] = []
@@ -71,6 +79,13 @@ def plan_buckets(named: Sequence[tuple[str, torch.Tensor]], bucket_size: int) ->
             raise WeightSyncError(f"parameter {name!r} appears twice in the weight stream")
         seen.add(name)
         nbytes = tensor.numel() * tensor.element_size()
+        if nbytes >= min(direct_bytes, bucket_size):
+            if current:
+                buckets.append(Bucket(len(buckets), offset, tuple(current)))
+                current, offset = [], 0
+            meta = TensorMeta(name, dtype_name(tensor.dtype), tuple(tensor.shape), 0, nbytes)
+            buckets.append(Bucket(len(buckets), nbytes, (meta,)))
+            continue
         if current and offset + nbytes > bucket_size:
             buckets.append(Bucket(len(buckets), offset, tuple(current)))
             current, offset = [], 0
@@ -150,6 +165,16 @@ def check_plan(buckets: Iterable[Bucket], expected: Expected | None) -> None:
             f"the sender did not send {len(missing)} parameter(s) the receiver needs, "
             f"e.g. {missing[:3]}"
         )
+
+
+def direct_view(bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """The bucket's bytes as a view of its one contiguous tensor (no copy), else None."""
+    if len(bucket.tensors) != 1 or bucket.tensors[0].nbytes != bucket.nbytes:
+        return None
+    tensor = tensors[bucket.tensors[0].name].detach()
+    if not tensor.is_contiguous():
+        return None
+    return tensor.reshape(-1).view(_uint8())
 
 
 def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ import logging
 import os
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from arctic_platform.rl.weight_sync.buckets import (
     WeightMismatchError,
     WeightSyncError,
     check_plan,
+    direct_view,
     pack,
     plan_buckets,
     plan_from_json,
@@ -107,6 +107,7 @@ class WeightSyncCoordinator:
         host: str = "127.0.0.1",
         shared_memory: bool = False,
         shm_dir: str | Path = "/dev/shm",
+        reuse_buffers: bool = False,
     ) -> None:
         self.config = config
         self.schedule = TransferSchedule.from_config(config)
@@ -114,6 +115,9 @@ class WeightSyncCoordinator:
         self.host = host
         self.shared_memory = shared_memory
         self.shm_dir = Path(shm_dir)
+        self.reuse_buffers = reuse_buffers
+        self._buffers: list[torch.Tensor] = []
+        self._buffers_key: Any = None
 
     # --- sender -------------------------------------------------------------------------
 
@@ -198,19 +202,7 @@ class WeightSyncCoordinator:
             else:
                 device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
                 pg = self._process_group(store, 0, device, target, transfer.port)
-                largest = max(b.nbytes for b in buckets)
-                buffers = [
-                    torch.empty(largest, dtype=torch.uint8, device=device)
-                    for _ in range(min(2, len(buckets)))
-                ]
-                in_flight: deque[Any] = deque()
-                for k, bucket in enumerate(buckets):
-                    if len(in_flight) == len(buffers):
-                        self._wait_work(in_flight.popleft(), target, k - len(buffers))
-                    buf = pack(bucket, tensors, buffers[k % len(buffers)])
-                    in_flight.append(pg.send([buf], 1, k))
-                for i, work in enumerate(in_flight):
-                    self._wait_work(work, target, len(buckets) - len(in_flight) + i)
+                self._send_buckets(pg, buckets, tensors, device, target)
             done = self._wait_key(store, "done", target, transfer.port)
             if done != "ok":
                 raise WeightSyncError(f"{target} failed after receiving: {done}")
@@ -218,6 +210,44 @@ class WeightSyncCoordinator:
             if shm_path is not None and shm_path.exists():
                 shm_path.unlink(missing_ok=True)
             del store
+
+    def _send_buckets(
+        self,
+        pg: Any,
+        buckets: list[Bucket],
+        tensors: dict[str, torch.Tensor],
+        device: Any,
+        target: str,
+    ) -> None:
+        """Send every bucket: big tensors straight from their memory, the rest packed into two
+        alternating buffers so packing one overlaps sending the other."""
+        import torch
+
+        packed = [b for b in buckets if direct_view(b, tensors) is None]
+        largest = max((b.nbytes for b in packed), default=0)
+        buffers = [
+            torch.empty(largest, dtype=torch.uint8, device=device)
+            for _ in range(min(2, len(packed)))
+        ]
+        slot_owner: dict[int, tuple[Any, int]] = {}  # buffer slot -> (its pending send, bucket)
+        in_flight: list[tuple[Any, int]] = []
+        packed_count = 0
+        for k, bucket in enumerate(buckets):
+            buf = direct_view(bucket, tensors)
+            slot = None
+            if buf is None:
+                slot = packed_count % len(buffers)
+                packed_count += 1
+                previous = slot_owner.pop(slot, None)
+                if previous is not None:
+                    self._wait_work(previous[0], target, previous[1])
+                buf = pack(bucket, tensors, buffers[slot])
+            work = pg.send([buf], 1, k)
+            if slot is not None:
+                slot_owner[slot] = (work, k)
+            in_flight.append((work, k))
+        for work, k in in_flight:
+            self._wait_work(work, target, k)
 
     def _wait_work(self, work: Any, who: str, bucket: int) -> None:
         try:
@@ -269,6 +299,19 @@ class WeightSyncCoordinator:
 
     # --- receiver -----------------------------------------------------------------------
 
+    def _receive_buffers(self, buckets: list[Bucket], device: str) -> list[torch.Tensor]:
+        """One buffer per bucket; with ``reuse_buffers`` the same ones serve every sync of the
+        same plan (no page faults), so returned tensors are valid until the next receive."""
+        import torch
+
+        key = (tuple(b.nbytes for b in buckets), device)
+        if self.reuse_buffers and self._buffers_key == key:
+            return self._buffers
+        buffers = [torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in buckets]
+        if self.reuse_buffers:
+            self._buffers, self._buffers_key = buffers, key
+        return buffers
+
     def receive(
         self,
         replica: int,
@@ -312,9 +355,7 @@ class WeightSyncCoordinator:
                         offset += bucket.nbytes
                 else:
                     pg = self._process_group(store, 1, torch.device(device), sender, transfer.port)
-                    buffers = [
-                        torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in buckets
-                    ]
+                    buffers = self._receive_buffers(buckets, device)
                     works = [
                         pg.recv([buf], 0, b.index) for b, buf in zip(buckets, buffers, strict=True)
                     ]

@@ -1,0 +1,1 @@
+"""Benchmarks: each reports ratios against the direct use of the same engine in the same run."""
