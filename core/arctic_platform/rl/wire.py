@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 JobType = Literal["training", "sampling", "log_prob"]
 JOB_TYPES: tuple[JobType, ...] = ("training", "sampling", "log_prob")
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """Every error of a pydantic ValidationError as 'field.path: message', joined by '; '."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(body)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
 
 
 class _Request(BaseModel):

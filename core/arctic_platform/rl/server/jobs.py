@@ -162,7 +162,9 @@ class JobManager:
         try:
             parsed = ArcticRLClientConfig.model_validate(config)
         except ValidationError as exc:
-            raise InvalidRequestError(f"invalid config: {exc}") from None
+            from arctic_platform.rl.wire import describe_errors
+
+            raise InvalidRequestError(f"invalid config: {describe_errors(exc)}") from None
         engine = {
             "training": parsed.training_engine,
             "sampling": parsed.sampling_engine,

@@ -21,6 +21,7 @@ from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobSta
 from arctic_platform.rl.operations import BY_NAME
 from arctic_platform.rl.protocol import validate_batch
 from arctic_platform.rl.server.jobs import Job, JobManager, JobState
+from arctic_platform.rl.wire import describe_errors
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class RLServer:
         try:
             request = op.request.model_validate(payload or {})
         except ValidationError as exc:
-            raise InvalidRequestError(str(exc)) from None
+            raise InvalidRequestError(f"invalid {name} request: {describe_errors(exc)}") from None
         started = time.monotonic()
         self._counts[name] += 1
         try:
