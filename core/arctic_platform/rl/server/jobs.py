@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from arctic_platform.rl.errors import (
+    ArcticRLError,
     InvalidRequestError,
     JobNotFoundError,
     JobStateError,
@@ -50,6 +51,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_range(count: int, low: int = 30000, high: int = 60000) -> int:
+    """A base port with ``count`` consecutive ports free on 127.0.0.1 right now."""
+    import random
+
+    for _ in range(100):
+        base = random.randint(low, high - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in {low}..{high}")
 
 
 def _reason(exc: BaseException) -> str:
@@ -326,7 +343,7 @@ class JobManager:
             raise WorkerDiedError(reason) from None
         except RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, Exception) else None
-            if cause is not None and getattr(cause, "status", 500) < 500:
+            if isinstance(cause, ArcticRLError):
                 raise cause from None
             if isinstance(cause, ValueError | TypeError | KeyError):
                 raise InvalidRequestError(f"{operation} on job {job.job_id}: {cause}") from None

@@ -20,7 +20,7 @@ from arctic_platform.rl import __version__, wire
 from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobStateError
 from arctic_platform.rl.operations import BY_NAME
 from arctic_platform.rl.protocol import validate_batch
-from arctic_platform.rl.server.jobs import Job, JobManager, JobState
+from arctic_platform.rl.server.jobs import Job, JobManager, JobState, free_port_range
 from arctic_platform.rl.wire import describe_errors
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class RLServer:
         ray_address: str | None = None,
         op_timeout: float = 900.0,
         monitor_interval: float = 5.0,
+        sync_timeout: float = 120.0,
+        sync_bucket_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,6 +65,8 @@ class RLServer:
         self.cluster: Any = None
         self.started_at = time.time()
         self.monitor_interval = monitor_interval
+        self.sync_timeout = sync_timeout
+        self.sync_bucket_bytes = sync_bucket_bytes
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._idempotent: dict[int, OrderedDict[str, Any]] = defaultdict(OrderedDict)
@@ -365,36 +369,61 @@ class RLServer:
     # --- weights ------------------------------------------------------------------------
 
     def sync_weights(self, request: wire.SyncWeightsRequest) -> dict[str, Any]:
-        """Gather the training weights and load them into every target replica in place."""
-        import ray
+        """Move the training weights into every target replica with the WeightSyncCoordinator."""
+        from arctic_platform.rl.config import WeightSyncConfig
 
         trainer = self.jobs.running(request.training_job_id, "training")
         targets = [self.jobs.running(j, "sampling") for j in request.sampling_job_ids]
         targets += [self.jobs.running(j, "log_prob") for j in request.log_prob_job_ids]
         if not targets:
             raise InvalidRequestError("sync_weights needs at least one sampling or log-prob job")
+        replicas = [(job, worker) for job in targets for worker in job.workers]
+        zero = (trainer.config.get("ds_config") or {}).get("zero_optimization") or {}
+        sync = WeightSyncConfig(
+            training_sharding="fsdp" if int(zero.get("stage", 0) or 0) == 3 else "dp",
+            training_gpus=len(trainer.workers),
+            inference_replicas=len(replicas),
+            inference_tp=1,
+            base_port=free_port_range(len(replicas)),
+            bucket_size=self.sync_bucket_bytes,
+        )
+        shared_memory = bool(trainer.config.get("colocate"))
+        version = max(job.weight_version for job in targets) + 1
         started = time.monotonic()
         with trainer.lock:
-            refs = [w.export_weights.remote() for w in trainer.workers]
-            blobs = self.jobs.call(trainer, refs, "sync_weights (export)")
-        blob_ref = ray.put(blobs[0])
-        nbytes = len(blobs[0])
-        for job in targets:
-            with job.lock:
-                self.jobs.call(
-                    job,
-                    [w.import_weights.remote(blob_ref) for w in job.workers],
-                    "sync_weights (load)",
-                )
-                job.weight_version += 1
+            for job in targets:
+                job.lock.acquire()
+            try:
+                data = sync.model_dump()
+                send = [
+                    w.sync_send.remote(data, version, self.sync_timeout, shared_memory)
+                    for w in trainer.workers
+                ]
+                receive = [
+                    w.sync_receive.remote(data, i, version, self.sync_timeout, shared_memory)
+                    for i, (_, w) in enumerate(replicas)
+                ]
+                limit = self.sync_timeout * 2 + 30
+                self.jobs.call(trainer, send, "sync_weights (send)", timeout=limit)
+                reports = []
+                for i, (job, _) in enumerate(replicas):
+                    reports.extend(
+                        self.jobs.call(job, [receive[i]], "sync_weights (receive)", timeout=limit)
+                    )
+                for job in targets:
+                    job.weight_version = version
+            finally:
+                for job in targets:
+                    job.lock.release()
         seconds = time.monotonic() - started
-        version = max(job.weight_version for job in targets)
+        nbytes = sum(int(r["bytes"]) for r in reports)
         return {
             "weight_version": version,
             "bytes": nbytes,
             "seconds": seconds,
-            "bandwidth_gbps": nbytes * len(targets) / seconds / 1e9 if seconds > 0 else None,
-            "jobs": {job.job_id: job.weight_version for job in targets},
+            "bandwidth_gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
+            "path": "shared_memory" if shared_memory else "process_group",
+            "jobs": {str(job.job_id): job.weight_version for job in targets},
         }
 
     def weight_norm(self, request: wire.WeightNormRequest) -> dict[str, Any]:

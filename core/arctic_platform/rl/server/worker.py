@@ -95,24 +95,52 @@ class EngineWorker:
         with self._lock:
             return int(self.engine.global_step)
 
-    def export_weights(self) -> bytes | None:
-        """All ranks gather; rank 0 returns the full weights as one safetensors blob."""
-        from safetensors.torch import save
+    def sync_send(
+        self, sync_config: dict[str, Any], version: int, timeout: float, shared_memory: bool
+    ) -> dict[str, Any]:
+        """Send this rank's weights to its targets (every rank joins the gather)."""
+        from arctic_platform.rl.config import WeightSyncConfig
+        from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
 
+        coordinator = WeightSyncCoordinator(
+            WeightSyncConfig(**sync_config), timeout=timeout, shared_memory=shared_memory
+        )
         with self._lock:
-            tensors = {
-                name: t.detach().cpu().contiguous() for name, t in self.engine.named_weights()
-            }
-        return save(tensors) if self.rank == 0 else None
+            report = coordinator.send(self.rank, self.engine.named_weights(), version=version)
+        return report.as_dict()
 
-    def import_weights(self, blob: bytes) -> int:
-        """Load a safetensors blob into the engine in place; returns the bytes loaded."""
-        from safetensors.torch import load
+    def sync_receive(
+        self,
+        sync_config: dict[str, Any],
+        replica: int,
+        version: int,
+        timeout: float,
+        shared_memory: bool,
+    ) -> dict[str, Any]:
+        """Receive all weights, then swap them in (after in-flight requests drain)."""
+        from arctic_platform.rl.config import WeightSyncConfig
+        from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator, llama_tp_shard
 
-        tensors = load(blob)
-        with self._lock:
-            self.engine.load_weights(tensors.items())
-        return len(blob)
+        coordinator = WeightSyncCoordinator(
+            WeightSyncConfig(**sync_config), timeout=timeout, shared_memory=shared_memory
+        )
+        received, report = coordinator.receive(
+            replica, 0, expected=self._expected_weights(), shard=llama_tp_shard
+        )
+        with self._lock:  # "drain": waits for the request in flight, then swaps
+            self.engine.load_weights(received)
+        return report.as_dict()
+
+    def _expected_weights(self) -> Any:
+        """Names and shapes the receiver checks a plan against: the model's checkpoint."""
+        from pathlib import Path
+
+        from arctic_platform.rl.weight_sync.buckets import expected_from_checkpoint
+
+        if not hasattr(self, "_expected"):
+            model = Path(str(self.config_data.get("model_name", "")))
+            self._expected = expected_from_checkpoint(model) if model.is_dir() else None
+        return self._expected
 
     def close(self) -> None:
         """Free the engine before the actor is killed."""
