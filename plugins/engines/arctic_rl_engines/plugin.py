@@ -1,6 +1,6 @@
 """Registers the built-in engines."""
 
-from arctic_platform.rl.plugins import EngineSpec, hookimpl, not_implemented_yet
+from arctic_platform.rl.plugins import EngineSpec, hookimpl
 
 
 @hookimpl
@@ -9,13 +9,13 @@ def arctic_rl_register_engines():  # type: ignore[no-untyped-def]
     yield EngineSpec(
         name="deepspeed",
         role="training",
-        factory=not_implemented_yet("the 'deepspeed' training engine"),
+        factory="arctic_rl_engines.deepspeed_training:DeepSpeedTrainingEngine",
         description="DeepSpeed ZeRO 0-3 training (forward/backward, step, checkpoints)",
     )
     yield EngineSpec(
         name="deepspeed",
         role="log_prob",
-        factory=not_implemented_yet("the 'deepspeed' log-prob engine"),
+        factory="arctic_rl_engines.deepspeed_log_prob:DeepSpeedLogProbEngine",
         description="DeepSpeed forward-only log-probs",
     )
     yield EngineSpec(

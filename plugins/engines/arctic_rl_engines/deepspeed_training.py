@@ -1,0 +1,430 @@
+"""The ``deepspeed`` training engine: ZeRO 0-3 forward/backward, step, checkpoints, weights.
+
+Every rank of a job is called with the same whole batch and takes rows ``rank::world``;
+micro-batches of at most ``mb_spec.max_tokens_per_mb`` padded tokens accumulate gradients
+exactly (each micro-batch's loss is normalised by the global token or sequence count, and
+DeepSpeed's mean over ranks is undone), so the update equals the one-batch update.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arctic_platform.rl.errors import CheckpointError, EngineError, InvalidRequestError
+from arctic_platform.rl.interfaces import EngineContext, TrainingEngine
+from arctic_platform.rl.protocol import BatchError, validate_batch
+from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
+from arctic_rl_engines.ds_config import (
+    build_optimizer,
+    lr_schedule,
+    reference_ds_config,
+    training_setup,
+)
+from arctic_rl_engines.logprobs import rows_log_probs, token_log_probs
+from arctic_rl_engines.microbatch import DUMMY, pad_rows, plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from arctic_platform.rl.config import ArcticRLClientConfig
+
+logger = logging.getLogger(__name__)
+
+_FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs")
+SLEEP_UNSUPPORTED = (
+    "sleep/wake are not implemented for the DeepSpeed training engine: on CPU there is no "
+    "device memory to free, and weights and optimizer state stay where they are"
+)
+
+
+class DeepSpeedTrainingEngine(TrainingEngine):
+    """DeepSpeed training of a Hugging Face causal LM; built as ``factory(config, context)``."""
+
+    def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
+        import deepspeed
+        import torch
+        import transformers
+
+        self.config = config
+        self._rank, self._world = ds_env.setup(context)
+        self._device = ds_env.device()
+        self.setup = training_setup(
+            config.ds_config, config.training_config, on_cpu=ds_env.on_cpu()
+        )
+        schedule = None if self.setup.user_scheduler else lr_schedule(self.setup.optimizer)
+        if config.full_determinism:
+            transformers.enable_full_determinism(config.seed)
+        else:
+            transformers.set_seed(config.seed)
+
+        resume: Path | None = None
+        source = config.model_name
+        if config.checkpoint_path:
+            if ds_checkpoint.is_checkpoint(config.checkpoint_path):
+                resume = ds_checkpoint.find_checkpoint(config.checkpoint_path)
+                source = str(ds_checkpoint.hf_dir(resume))
+            else:
+                source = config.checkpoint_path  # Hugging Face weights to start from
+        module = ds_model.load_causal_lm(
+            source, dtype=self.setup.dtype, attn_impl=self.setup.attn_impl
+        )
+        if self.setup.gradient_checkpointing:
+            module.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+            module.config.use_cache = False
+        self._vocab, self._max_len, self._pad_id = ds_model.model_limits(module.config)
+
+        ds_config = dict(self.setup.ds_config)
+        optimizer = None
+        if not self.setup.user_optimizer:
+            # ZeRO-0 in fp32 hands the torch optimizer the raw gradients and keeps no norm:
+            # then our AdamW measures the norm and clips, and DeepSpeed must not clip first.
+            own_norm = self.setup.zero_stage == 0 and self.setup.dtype == "float32"
+            clip = float(ds_config.get("gradient_clipping") or 0.0)
+            if own_norm:
+                ds_config["gradient_clipping"] = 0.0
+            optimizer = build_optimizer(
+                [p for p in module.parameters() if p.requires_grad],
+                self.setup.optimizer,
+                record_grad_norm=own_norm,
+                clip=clip,
+            )
+
+        def make_scheduler(opt: Any) -> Any:
+            return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=schedule)
+
+        self._engine, *_ = deepspeed.initialize(
+            model=module,
+            optimizer=optimizer,
+            lr_scheduler=make_scheduler if schedule is not None else None,
+            config=ds_config,
+        )
+        self._tokenizer = ds_model.load_tokenizer(source)
+        self._reference: ds_model.ForwardModel | None = None
+        self._losses: dict[str, Any] = {}
+        if resume is not None:
+            self.load_checkpoint(str(resume))
+
+    # --- forward / backward ---------------------------------------------------------------
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return int(self._engine.global_steps)
+
+    @property
+    def rank(self) -> int:
+        """This engine's rank in its job."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job."""
+        return self._world
+
+    def _validate(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        return validate_batch(batch, vocab_size=self._vocab, max_length=self._max_len)
+
+    def _loss(self, name: str, loss_config: Mapping[str, Any] | None) -> tuple[Any, dict]:
+        from arctic_platform.rl.plugins import get_registry
+
+        fn = self._losses.get(name)
+        if fn is None:
+            fn = self._losses[name] = get_registry().get("loss", name, field="loss_fn").create()
+        if hasattr(fn, "configure"):
+            return fn, fn.configure(loss_config)
+        return fn, dict(loss_config or {})
+
+    def _micro_batch(self, clean: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+        import torch
+
+        if rows == [DUMMY]:  # a pass with nothing to train: two pad tokens of zero weight
+            out = {"input_ids": torch.full((1, 2), self._pad_id, dtype=torch.long)}
+            for name in _FLOAT_FIELDS:
+                if name in clean:
+                    out[name] = torch.zeros((1, 2), dtype=torch.float32)
+        else:
+            ids = [clean["input_ids"][i] for i in rows]
+            width = max(len(r) for r in ids)
+            out = {"input_ids": pad_rows(ids, width, self._pad_id, torch.long)}
+            for name in _FLOAT_FIELDS:
+                if name in clean:
+                    out[name] = pad_rows([clean[name][i] for i in rows], width, 0.0, torch.float32)
+        return {k: v.to(self._device) for k, v in out.items()}
+
+    def fwd_bwd(
+        self,
+        batch: dict[str, Any],
+        loss_fn: str = "grpo",
+        loss_config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Accumulate gradients of ``loss_fn`` over ``batch`` (all ranks: the same batch).
+
+        Returns ``{name}.sum``/``{name}.tokens`` pairs summed over micro-batches and ranks,
+        each ``name`` as their ratio, plus ``tokens``, ``sequences`` and ``micro_batches``.
+        """
+        import torch
+
+        from arctic_platform.rl.losses import LossOutput, aggregate
+
+        clean = self._validate(batch)
+        fn, cfg = self._loss(loss_fn, loss_config)
+        required = fn.required_fields(cfg) if hasattr(fn, "required_fields") else set()
+        missing = sorted(f for f in required if f not in clean)
+        if missing:
+            raise BatchError(f"loss {loss_fn!r} needs batch field(s) {missing}")
+        want_entropy = bool(fn.needs_entropy(cfg)) if hasattr(fn, "needs_entropy") else False
+        masks = clean["loss_mask"]
+        num_tokens = float(sum(math.fsum(m) for m in masks))
+        num_seqs = float(sum(1 for m in masks if any(x != 0 for x in m)))
+        lengths = [len(r) for r in clean["input_ids"]]
+        passes = plan(lengths, self._rank, self._world, self.setup.max_tokens_per_mb)
+
+        self._engine.train()
+        sums: dict[str, list[Any]] = {}
+        started = False
+        try:
+            for rows in passes:
+                mb = self._micro_batch(clean, rows)
+                out = token_log_probs(self._engine, mb["input_ids"], entropy=want_entropy)
+                mb["num_tokens"], mb["num_seqs"] = num_tokens, num_seqs
+                if want_entropy:
+                    mb["entropy"] = out.entropy
+                result = fn(out.log_probs, mb, **cfg)
+                if not isinstance(result, LossOutput):  # a per-token loss: token-mean it
+                    share, total, count = aggregate(
+                        result, mb["loss_mask"], "token-mean", num_tokens, num_seqs
+                    )
+                    result = LossOutput(share, {"loss": (total.detach(), count)})
+                started = True
+                # DeepSpeed averages gradients over ranks; our shares already sum to the mean.
+                self._engine.backward(result.loss * self._world)
+                for name, (s, c) in result.metrics.items():
+                    acc = sums.setdefault(name, [0.0, 0.0])
+                    acc[0] = acc[0] + s.detach().to(torch.float64)
+                    acc[1] = acc[1] + torch.as_tensor(c).detach().to(torch.float64)
+        except Exception:
+            if started:
+                self._discard_gradients()
+            raise
+        return self._reduce_metrics(sums, num_tokens, num_seqs, len(passes))
+
+    def _reduce_metrics(
+        self, sums: dict[str, list[Any]], num_tokens: float, num_seqs: float, passes: int
+    ) -> dict[str, float]:
+        import torch
+        import torch.distributed as dist
+
+        names = sorted(sums)
+        if self._world > 1:
+            seen: list[Any] = [None] * self._world
+            dist.all_gather_object(seen, names)
+            if any(s != names for s in seen):
+                raise EngineError(f"ranks report different metrics: {seen}")
+        flat = [torch.as_tensor(v, dtype=torch.float64).cpu() for n in names for v in sums[n]]
+        vec = torch.stack(flat) if flat else torch.zeros(0, dtype=torch.float64)
+        if self._world > 1 and vec.numel():
+            dist.all_reduce(vec)
+        values = vec.tolist()
+        metrics: dict[str, float] = {}
+        for i, name in enumerate(names):
+            total, count = values[2 * i], values[2 * i + 1]
+            metrics[f"{name}.sum"] = total
+            metrics[f"{name}.tokens"] = count
+            metrics[name] = total / count if count else 0.0
+        metrics["tokens"] = num_tokens
+        metrics["sequences"] = num_seqs
+        metrics["micro_batches"] = float(passes)
+        return metrics
+
+    def _discard_gradients(self) -> None:
+        """Best effort after a failed fwd_bwd: drop the gradients accumulated so far."""
+        try:
+            self._engine.optimizer.zero_grad()
+            self._engine.zero_grad()
+        except Exception:  # pragma: no cover - never hide the original error
+            logger.exception("could not discard the gradients of a failed fwd_bwd")
+
+    def fwd_no_grad(
+        self, batch: dict[str, Any], reference_model: bool = False
+    ) -> list[list[float]]:
+        """Per-token log-probs of each row (entry 0 is 0.0); every rank returns all rows.
+
+        ``reference_model=True``: under the frozen initial weights (from ``model_name``).
+        """
+        clean = self._validate(batch)
+        if reference_model:
+            model: Any = self._reference_model()
+        else:
+            self._engine.eval()
+            model = self._engine
+        rows = rows_log_probs(
+            model,
+            clean["input_ids"],
+            device=self._device,
+            pad_id=self._pad_id,
+            max_tokens=self.setup.max_tokens_per_mb,
+            rank=self._rank,
+            world=self._world,
+        )
+        return [r.log_probs for r in rows]
+
+    def _reference_model(self) -> ds_model.ForwardModel:
+        if self._reference is None:
+            zero3 = self.setup.zero_stage == 3
+            self._reference = ds_model.ForwardModel(
+                self.config.model_name,
+                ds_config=reference_ds_config(self.setup) if zero3 else {},
+                dtype=self.setup.dtype,
+                zero_stage=3 if zero3 else 0,
+                attn_impl=self.setup.attn_impl,
+                device=self._device,
+            )
+        return self._reference
+
+    # --- optimizer ------------------------------------------------------------------------
+
+    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
+        """Apply the accumulated gradients; ``learning_rate`` overrides this step's rate only."""
+        optimizer = self._engine.optimizer
+        if learning_rate is not None:
+            lr = float(learning_rate)
+            if not math.isfinite(lr) or lr < 0:
+                raise InvalidRequestError(f"learning_rate={learning_rate!r} must be >= 0")
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        used = float(optimizer.param_groups[0]["lr"])
+        self._engine.step()
+        norm = self._engine.get_global_grad_norm()
+        return {
+            "global_step": self.global_step,
+            "lr": used,
+            "grad_norm": float(norm) if norm is not None else 0.0,
+        }
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self._world > 1:
+            dist.barrier()
+
+    def save_checkpoint(self, directory: str, tag: str | None = None) -> str:
+        """Write the full training state to ``directory/tag`` atomically; returns its path.
+
+        Holds DeepSpeed's state (weights, optimizer, scheduler, step), each rank's RNG and a
+        Hugging Face export (``hf/``: weights, config, tokenizer). Collective.
+        """
+        step = self.global_step
+        tag = ds_checkpoint.check_tag(tag if tag is not None else f"global_step{step}")
+        root = Path(directory)
+        final, tmp = root / tag, ds_checkpoint.temp_dir(root, tag)
+        try:
+            if self._rank == 0:
+                root.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+            self._barrier()
+            self._engine.save_checkpoint(
+                str(tmp),
+                tag=ds_checkpoint.DEEPSPEED_TAG,
+                client_state={"arctic_rl_global_step": step},
+                save_latest=False,
+            )
+            ds_checkpoint.save_rng(tmp, self._rank)
+            weights = dict(ds_model.full_weights(self._engine.module))
+            if self._rank == 0:
+                hf = ds_checkpoint.hf_dir(tmp)
+                self._engine.module.save_pretrained(
+                    str(hf), state_dict=weights, safe_serialization=True
+                )
+                if self._tokenizer is not None:
+                    self._tokenizer.save_pretrained(str(hf))
+            del weights
+            self._barrier()
+            if self._rank == 0:
+                ds_checkpoint.write_marker(
+                    tmp,
+                    {
+                        "global_step": step,
+                        "tag": tag,
+                        "world_size": self._world,
+                        "zero_stage": self.setup.zero_stage,
+                        "dtype": self.setup.dtype,
+                        "model_name": self.config.model_name,
+                    },
+                )
+                ds_checkpoint.publish(tmp, final)
+            self._barrier()
+        except OSError as exc:
+            raise CheckpointError(f"could not write checkpoint {final}: {exc}") from exc
+        return str(final)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore a checkpoint (``path`` or its newest complete child); returns the step."""
+        ckpt = ds_checkpoint.find_checkpoint(path)
+        meta = ds_checkpoint.read_marker(ckpt)
+        saved_world = int(meta.get("world_size", self._world))
+        if saved_world != self._world and self.setup.zero_stage > 0:
+            raise CheckpointError(
+                f"{ckpt} was written by {saved_world} ranks with ZeRO stage "
+                f"{meta.get('zero_stage')}; this job has {self._world} ranks (ZeRO "
+                f"{self.setup.zero_stage}); its Hugging Face export {ckpt / 'hf'} can start a "
+                "new run as checkpoint_path instead"
+            )
+        loaded, _ = self._engine.load_checkpoint(
+            str(ckpt),
+            tag=ds_checkpoint.DEEPSPEED_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed found no state in {ckpt}")
+        ds_checkpoint.load_rng(ckpt, self._rank)
+        return self.global_step
+
+    # --- weights and resources ------------------------------------------------------------
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full CPU tensors under Hugging Face names (collective under ZeRO-3)."""
+        return ds_model.full_weights(self._engine.module)
+
+    def weight_norm(self) -> float:
+        """L2 norm of all weights (float64 accumulation); collective under ZeRO-3."""
+        return ds_model.weight_norm(self._engine.module)
+
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        """A documented no-op: nothing is offloaded (see ``SLEEP_UNSUPPORTED``)."""
+        return {"supported": False, "reason": SLEEP_UNSUPPORTED, "level": level}
+
+    def wake(self) -> dict[str, Any]:
+        """A documented no-op, like ``sleep``."""
+        return {"supported": False, "reason": SLEEP_UNSUPPORTED}
+
+    def empty_cache(self) -> dict[str, Any]:
+        """Release the accelerator's cached allocator memory (nothing to do on CPU)."""
+        from deepspeed.accelerator import get_accelerator
+
+        if ds_env.on_cpu():
+            return {"supported": False, "reason": "the CPU has no allocator cache to empty"}
+        get_accelerator().empty_cache()
+        return {"supported": True}
+
+    def close(self) -> None:
+        """Free the model, optimizer, reference model and DeepSpeed's hooks."""
+        if getattr(self, "_reference", None) is not None:
+            self._reference.close()  # type: ignore[union-attr]
+            self._reference = None
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.destroy()
+            self._engine = None
+        gc.collect()

@@ -1,0 +1,166 @@
+"""Checkpoint layout, atomic publication, discovery and RNG state of the training engine.
+
+A checkpoint is a directory ``<root>/<tag>/`` holding ``deepspeed/`` (DeepSpeed's own state:
+weights, optimizer, scheduler, step), ``rng/rank<r>.pt``, ``hf/`` (``save_pretrained``
+weights and tokenizer) and, written last, ``arctic_rl_checkpoint.json``. It is built in
+``<root>/.<tag>.tmp`` and renamed into place, so a crash leaves either no checkpoint or a
+hidden temp directory that discovery ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+from arctic_platform.rl.errors import CheckpointError
+from arctic_rl_engines.ds_model import CHECKPOINT_MARKER, HF_EXPORT_DIR
+
+DEEPSPEED_TAG = "deepspeed"
+FORMAT_VERSION = 1
+
+
+def check_tag(tag: str) -> str:
+    """A tag is one visible path component: no separators, no leading dot."""
+    if not isinstance(tag, str) or not tag or tag in (".", "..") or tag.startswith("."):
+        raise CheckpointError(f"checkpoint tag {tag!r} must be a non-empty name not starting '.'")
+    if "/" in tag or os.sep in tag:
+        raise CheckpointError(f"checkpoint tag {tag!r} must not contain a path separator")
+    return tag
+
+
+def temp_dir(root: Path, tag: str) -> Path:
+    """Where the checkpoint ``tag`` is assembled before it is published."""
+    return root / f".{tag}.tmp"
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The metadata of a complete checkpoint at ``path``."""
+    try:
+        return dict(json.loads((path / CHECKPOINT_MARKER).read_text()))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a complete Arctic RL checkpoint ({exc})") from exc
+
+
+def write_marker(path: Path, meta: dict[str, Any]) -> None:
+    """Write the completion marker (last file of a checkpoint), flushed to disk."""
+    target = path / CHECKPOINT_MARKER
+    with open(target, "w") as f:
+        json.dump({"format_version": FORMAT_VERSION, **meta}, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move the finished ``tmp`` to ``final`` by rename, replacing an older ``final``."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    try:
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # pragma: no cover - directories cannot be fsynced everywhere
+        pass
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` itself if it is a complete checkpoint, else its newest complete child.
+
+    Hidden directories (temp or replaced checkpoints) are never chosen.
+    """
+    p = Path(path)
+    if (p / CHECKPOINT_MARKER).is_file():
+        return p
+    if not p.is_dir():
+        raise CheckpointError(f"no checkpoint at {p}: it does not exist")
+    found: list[tuple[int, float, Path]] = []
+    for child in p.iterdir():
+        if child.name.startswith(".") or not (child / CHECKPOINT_MARKER).is_file():
+            continue
+        try:
+            step = int(read_marker(child).get("global_step", -1))
+        except CheckpointError:
+            continue
+        found.append((step, child.stat().st_mtime, child))
+    if not found:
+        raise CheckpointError(
+            f"no complete checkpoint in {p} (a complete one holds {CHECKPOINT_MARKER})"
+        )
+    return max(found)[2]
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """True when ``path`` is, or directly holds, a complete Arctic RL checkpoint."""
+    try:
+        find_checkpoint(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+def hf_dir(checkpoint: Path) -> Path:
+    """The Hugging Face export inside a checkpoint."""
+    return checkpoint / HF_EXPORT_DIR
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch, accelerator) as plain data + tensors."""
+    import numpy as np
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss_next],
+        "numpy": [kind, torch.from_numpy(np.asarray(keys).copy()), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state(),
+    }
+    accel = get_accelerator()
+    if accel.device_name() != "cpu":
+        state["accelerator"] = accel.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` captured."""
+    import numpy as np
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "accelerator" in state and get_accelerator().device_name() != "cpu":
+        get_accelerator().set_rng_state(state["accelerator"])
+
+
+def save_rng(checkpoint_dir: Path, rank: int) -> None:
+    """Write this rank's RNG state into the checkpoint being built."""
+    import torch
+
+    folder = checkpoint_dir / "rng"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(rng_state(), folder / f"rank{rank}.pt")
+
+
+def load_rng(checkpoint_dir: Path, rank: int) -> bool:
+    """Restore this rank's RNG state if the checkpoint has it; returns whether it did."""
+    import torch
+
+    path = checkpoint_dir / "rng" / f"rank{rank}.pt"
+    if not path.is_file():
+        return False
+    set_rng_state(torch.load(path, weights_only=True))
+    return True
