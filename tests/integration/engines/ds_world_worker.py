@@ -1,0 +1,86 @@
+"""One rank of a real multi-process DeepSpeed world, run by test_deepspeed_world2.py.
+
+Usage: ``python ds_world_worker.py SPEC.json OUT.json`` with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT and LOCAL_RANK set. For each ZeRO stage in the spec it trains the spec's batch
+(one GRPO step, then cross-entropy steps), checks a save/continue vs load/continue round
+trip, and writes what it saw as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def run_stage(spec: dict[str, Any], stage: int) -> dict[str, Any]:
+    """Train one engine at ``stage`` and report its metrics, losses and weights."""
+    from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
+    from arctic_platform.rl.interfaces import EngineContext
+    from arctic_platform.rl.plugins import get_registry
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+    config = ArcticRLClientConfig(
+        model_name=spec["model_path"],
+        training_gpus=world,
+        ds_config={"zero_optimization": zero},
+        training_config=TrainingConfig.model_validate(spec["training"]),
+    )
+    engine = (
+        get_registry()
+        .get("engine", "deepspeed", role="training")
+        .create(config, EngineContext(role="training", rank=rank, world_size=world))
+    )
+    batch = spec["batch"]
+    out: dict[str, Any] = {}
+    try:
+        out["first"] = engine.fwd_bwd(batch, "grpo", spec["grpo_config"])
+        out["first_step"] = engine.step()
+        ce = {k: v for k, v in batch.items() if k in ("input_ids", "loss_mask")}
+        out["losses"] = []
+        for _ in range(spec["steps"] - 1):
+            out["losses"].append(engine.fwd_bwd(ce, "cross_entropy")["loss"])
+            engine.step()
+        out["log_probs"] = engine.fwd_no_grad(ce)
+        full = dict(engine.named_weights())
+        out["shapes"] = {k: list(v.shape) for k, v in full.items()}
+        out["gathered_norm"] = math.sqrt(
+            sum(float(v.double().square().sum()) for v in full.values())
+        )
+        out["weight_norm"] = engine.weight_norm()
+        if stage == 3:
+            out["local_numel"] = sum(
+                int(p.ds_tensor.numel()) for p in engine._engine.module.parameters()
+            )
+
+        def two_steps() -> list[float]:
+            seen = []
+            for _ in range(2):
+                seen.append(engine.fwd_bwd(ce, "cross_entropy")["loss"])
+                seen.append(engine.step()["grad_norm"])
+            return seen
+
+        path = engine.save_checkpoint(spec["checkpoint_dir"], tag=f"zero{stage}")
+        out["straight"] = two_steps()
+        out["restored_step"] = engine.load_checkpoint(path)
+        out["resumed"] = two_steps()
+    finally:
+        engine.close()
+    return out
+
+
+def main(spec_path: str, out_path: str) -> None:
+    """Run every stage of the spec and write the results of this rank."""
+    spec = json.loads(Path(spec_path).read_text())
+    results = {str(stage): run_stage(spec, stage) for stage in spec["stages"]}
+    Path(out_path).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
