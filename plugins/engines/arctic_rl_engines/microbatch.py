@@ -64,10 +64,11 @@ def pad_rows(
     rows: Sequence[Sequence[Any]], width: int, value: float | int, dtype: torch.dtype
 ) -> torch.Tensor:
     """Right-pad ragged ``rows`` to ``width`` with ``value``: one ``[len(rows), width]`` tensor."""
+    import numpy as np
     import torch
 
-    out = torch.full((len(rows), width), value, dtype=dtype)
+    np_dtype = np.int64 if dtype in (torch.long, torch.int64) else np.float32
+    out = np.full((len(rows), width), value, dtype=np_dtype)
     for i, row in enumerate(rows):
-        if len(row):
-            out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
-    return out
+        out[i, : len(row)] = row
+    return torch.from_numpy(out).to(dtype)
