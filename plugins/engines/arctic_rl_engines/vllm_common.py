@@ -16,7 +16,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,15 +230,19 @@ def _group_key(name: str) -> str:
 
 
 def weight_buckets(
-    weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None
+    weights: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+    bucket_bytes: int | None,
 ) -> list[dict[str, torch.Tensor]]:
-    """Split ``(name, tensor)`` pairs into buckets of whole blocks, each up to ``bucket_bytes``.
+    """Split ``(name, tensor)`` pairs (or a mapping) into buckets of whole blocks, each up to
+    ``bucket_bytes``.
 
     A block (all tensors of one layer) is never split, so q/k/v and gate/up, which vLLM fuses,
     always reach the worker in the same reload. ``bucket_bytes=None`` gives one bucket.
     """
     import torch
 
+    if isinstance(weights, Mapping):
+        weights = weights.items()
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for item in weights:
         try:
@@ -291,8 +295,10 @@ class VLLMEngine(Engine):
             )
         self.engine_kwargs = engine_kwargs(config, cuda=self._cuda, max_positions=max_positions)
         started = time.monotonic()
+        import torch
         from vllm import LLM
 
+        set_num_threads = torch.set_num_threads
         self._llm: Any = LLM(**self.engine_kwargs)
         self.start_seconds = time.monotonic() - started
         model_config = self._llm.llm_engine.model_config
@@ -300,6 +306,11 @@ class VLLMEngine(Engine):
         self.vocab_size: int = int(model_config.get_vocab_size())
         self.max_logprobs: int = int(model_config.max_logprobs)
         self.in_process: bool = type(self._llm.llm_engine.engine_core).__name__ == "InprocClient"
+        if self.in_process and not self._cuda:
+            # vLLM's CPU worker disables torch.set_num_threads process-wide, for the thread
+            # binding of its worker processes; an in-process engine binds nothing, so the host
+            # process (a trainer, a test) keeps control of its thread count.
+            torch.set_num_threads = set_num_threads
         self.sleep_supported: bool = bool(
             self._cuda and self.engine_kwargs.get("enable_sleep_mode")
         )
@@ -342,8 +353,9 @@ class VLLMEngine(Engine):
     ) -> None:
         """Replace the served weights in place (checkpoint names), then reset the prefix cache.
 
-        Tensors go to the worker without a copy when it shares this process; otherwise as
-        safetensors bytes, ``bucket_bytes`` (default 256 MiB) of whole layers per call.
+        Tensors go to the worker without a copy when it shares this process and
+        ``bucket_bytes`` is None; otherwise as safetensors bytes, ``bucket_bytes`` (default
+        256 MiB) of whole layers per call.
         """
         from safetensors.torch import save
 
@@ -351,7 +363,8 @@ class VLLMEngine(Engine):
         if self._asleep:
             raise EngineError(f"the vLLM engine is asleep (level {self._asleep}); call wake()")
         started = time.monotonic()
-        limit = None if self.in_process else (bucket_bytes or MP_BUCKET_BYTES)
+        as_bytes = bucket_bytes is not None or not self.in_process
+        limit = (bucket_bytes or MP_BUCKET_BYTES) if as_bytes else None
         buckets = weight_buckets(weights, limit)
         names = [name for bucket in buckets for name in bucket]
         problems = llm.collective_rpc("arctic_check_weight_names", args=(names,))[0]
@@ -362,10 +375,10 @@ class VLLMEngine(Engine):
             tensors = {n: t.detach() for n, t in bucket.items()}
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             payload: Any = tensors
-            if not self.in_process:
+            if as_bytes:
                 payload = save({n: t.cpu().contiguous() for n, t in tensors.items()})
             try:
-                llm.collective_rpc("arctic_load_weights", args=(payload,))
+                llm.collective_rpc("arctic_load_weights", args=(payload, len(buckets) > 1))
             except Exception as exc:
                 raise EngineError(
                     f"load_weights failed in bucket {index + 1}/{len(buckets)} ({exc}); the "

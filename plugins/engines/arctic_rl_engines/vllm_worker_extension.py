@@ -19,7 +19,13 @@ if TYPE_CHECKING:  # pragma: no cover
 # Checkpoint names vLLM's loaders skip on purpose: they are never served weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 _SUMSQ_CHUNK = 1 << 24  # elements per float64 chunk when summing squares
-_PARTIAL_RELOAD_MESSAGE = "%s: Failed to load weights"
+# vLLM's notes about weights a reload did not touch; expected when an update comes in buckets.
+_PARTIAL_RELOAD_NOTES = {
+    "vllm.model_executor.model_loader.reload.layerwise": "%s: Failed to load weights",
+    "vllm.model_executor.model_loader.reload.inplace": (
+        "Following weights were not loaded from checkpoint: %s"
+    ),
+}
 
 
 def sum_of_squares(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> float:
@@ -53,17 +59,17 @@ def fused_groups(packed: dict[str, list[str]], names: Iterable[str]) -> list[str
                 missing = [s for s in siblings if s not in present]
                 if missing:
                     problems.append(
-                        f"{name} is part of fused {fused!r} but {', '.join(missing)} "
-                        "is not in the same update"
+                        f"{name} is part of fused {fused!r}, but this update lacks "
+                        f"{', '.join(missing)}"
                     )
     return problems
 
 
-class _DropPartialReloadWarnings(logging.Filter):
-    """Hides vLLM's per-layer 'Failed to load weights' notes during an intended partial reload."""
+class _DropPartialReloadNotes(logging.Filter):
+    """Hides vLLM's 'weights not loaded' notes while one bucket of a larger update reloads."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != _PARTIAL_RELOAD_MESSAGE
+        return record.msg not in _PARTIAL_RELOAD_NOTES.values()
 
 
 class ArcticWorkerExtension:
@@ -138,8 +144,14 @@ class ArcticWorkerExtension:
             problems.append(f"{len(unknown)} name(s) match no weight of the served model: {shown}")
         return problems
 
-    def arctic_load_weights(self, weights: bytes | dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Reload the given checkpoint-format tensors in place; returns counts and seconds."""
+    def arctic_load_weights(
+        self, weights: bytes | dict[str, torch.Tensor], bucketed: bool = False
+    ) -> dict[str, Any]:
+        """Reload the given checkpoint-format tensors in place; returns counts and seconds.
+
+        ``bucketed`` says this is one bucket of a larger update, so vLLM's notes about the
+        weights it did not touch are expected and hidden.
+        """
         import time
 
         started = time.perf_counter()
@@ -156,15 +168,17 @@ class ArcticWorkerExtension:
             raise ValueError("; ".join(problems))
         record = self._arctic_record()  # read the checkpoint norms before they are replaced
         dtype = self._arctic_dtype()
-        quiet = _DropPartialReloadWarnings()
-        reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        reload_logger.addFilter(quiet)
+        quiet = _DropPartialReloadNotes()
+        loggers = [logging.getLogger(name) for name in _PARTIAL_RELOAD_NOTES] if bucketed else []
+        for log in loggers:
+            log.addFilter(quiet)
         try:
             self.model_runner.reload_weights(  # type: ignore[attr-defined]
                 weights_iterator=iter(tensors.items()), is_checkpoint_format=True
             )
         finally:
-            reload_logger.removeFilter(quiet)
+            for log in loggers:
+                log.removeFilter(quiet)
         for name, tensor in tensors.items():
             if self._arctic_counted(name):
                 record[name] = sum_of_squares(tensor, dtype)

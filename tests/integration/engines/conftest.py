@@ -1,0 +1,54 @@
+"""Session-wide vLLM engines on the tiny model, built through the plugin registry (CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+# Tests score the tiny model: a small KV cache is plenty and allocates quickly.
+VLLM_TEST_OVERRIDES = {"kv_cache_memory_bytes": 256 << 20}
+
+
+def _config(model_path: str, **overrides: Any) -> Any:
+    from arctic_platform.rl.config import ArcticRLClientConfig
+
+    return ArcticRLClientConfig(
+        model_name=model_path,
+        sampling_gpus=1,
+        log_prob_gpus=1,
+        host="127.0.0.1",
+        port=7000,
+        vllm_config={**VLLM_TEST_OVERRIDES, **overrides},
+    )
+
+
+def _engine(role: str, model_path: str) -> Any:
+    from arctic_platform.rl.interfaces import EngineContext
+    from arctic_platform.rl.plugins import get_registry
+
+    spec = get_registry().get("engine", "vllm", role=role)
+    return spec.create(_config(model_path), EngineContext(role=role))
+
+
+@pytest.fixture(scope="session")
+def vllm_test_config() -> Callable[..., Any]:
+    """Builds an ``ArcticRLClientConfig`` for a vLLM engine: ``(model_path, **vllm_config)``."""
+    return _config
+
+
+@pytest.fixture(scope="session")
+def vllm_sampling_engine(tiny_model_path: str) -> Iterator[Any]:
+    """The ``vllm`` sampling engine, shared by every test of the session."""
+    engine = _engine("sampling", tiny_model_path)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_log_prob_engine(tiny_model_path: str) -> Iterator[Any]:
+    """The ``vllm`` log-prob engine, shared by every test of the session."""
+    engine = _engine("log_prob", tiny_model_path)
+    yield engine
+    engine.close()
