@@ -62,7 +62,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             transformers.enable_full_determinism(config.seed)
             # Deterministic mode also NaN-fills every new allocation, a debugging aid that
             # makes DeepSpeed's gradient hooks ~50x slower and changes no result.
-            torch.utils.deterministic.fill_uninitialized_memory = False
+            import torch.utils.deterministic as deterministic
+
+            deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
         else:
             transformers.set_seed(config.seed)
 
@@ -101,6 +103,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             )
 
         def make_scheduler(opt: Any) -> Any:
+            assert schedule is not None
             return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=schedule)
 
         self._engine, *_ = deepspeed.initialize(
