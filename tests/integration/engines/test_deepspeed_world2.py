@@ -193,3 +193,59 @@ def test_two_ranks_resume_bitwise_and_export_full_weights(world2: Any, stage: in
     if stage == 3:  # each rank holds about half of every parameter
         total = sum(math.prod(s) for s in ranks[0]["3"]["shapes"].values())
         assert all(r["3"]["local_numel"] <= total / 2 + 64 for r in ranks)
+
+
+def _one_process_engine(spec: dict[str, Any], stage: int, **extra: Any) -> Any:
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+    config = ArcticRLClientConfig(
+        model_name=spec["model_path"],
+        training_gpus=1,
+        ds_config={"zero_optimization": zero},
+        training_config=TrainingConfig.model_validate(spec["training"]),
+        **extra,
+    )
+    return (
+        get_registry()
+        .get("engine", "deepspeed", role="training")
+        .create(config, EngineContext(role="training"))
+    )
+
+
+def test_a_zero0_checkpoint_of_two_ranks_resumes_in_one_process(world2: Any) -> None:
+    spec, ranks = world2
+    engine = _one_process_engine(spec, 0)
+    try:
+        ce = {k: spec["batch"][k] for k in ("input_ids", "loss_mask")}
+        assert engine.load_checkpoint(str(Path(spec["checkpoint_dir"]) / "zero0")) == STEPS
+        loss = engine.fwd_bwd(ce, "cross_entropy")["loss"]
+    finally:
+        engine.close()
+    assert loss == pytest.approx(ranks[0]["0"]["straight"][0], rel=1e-5)
+
+
+def test_a_sharded_checkpoint_refuses_another_world_size(world2: Any) -> None:
+    from arctic_platform.rl.errors import CheckpointError
+
+    spec, _ = world2
+    engine = _one_process_engine(spec, 3)
+    try:
+        with pytest.raises(CheckpointError, match="written by 2 ranks with ZeRO stage 3"):
+            engine.load_checkpoint(str(Path(spec["checkpoint_dir"]) / "zero3"))
+    finally:
+        engine.close()
+    # Its Hugging Face export starts a new run anywhere.
+    fresh = _one_process_engine(
+        spec, 3, checkpoint_path=str(Path(spec["checkpoint_dir"]) / "zero3" / "hf")
+    )
+    try:
+        assert fresh.global_step == 0
+        assert fresh.weight_norm() == pytest.approx(ranks_weight_norm(world2), rel=1e-6)
+    finally:
+        fresh.close()
+
+
+def ranks_weight_norm(world2: Any) -> float:
+    """Rank 0's weight norm when the ZeRO-3 checkpoint was written (after STEPS steps)."""
+    return float(world2[1][0]["3"]["weight_norm"])
