@@ -404,6 +404,21 @@ class VLLMEngine(Engine):
         sums = self.llm.collective_rpc("arctic_weight_sumsq")
         return math.sqrt(float(sums[0]))
 
+    def served_weight_norm(self) -> dict[str, Any]:
+        """L2 norm (float64) of the weights vLLM computes with, read back from the model.
+
+        A check of ``weight_norm`` (which is kept from the checkpoint-format tensors loaded):
+        fused and kernel-packed weights included; exact at tensor-parallel size 1 only.
+        """
+        llm = self.llm
+        tp = int(llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
+        if tp != 1:
+            raise InvalidRequestError(
+                f"served_weight_norm reads one worker's tensors; tensor_parallel_size is {tp}"
+            )
+        report = llm.collective_rpc("arctic_served_sumsq")[0]
+        return {"norm": math.sqrt(float(report["sumsq"])), "read_back": report["read_back"]}
+
     def sleep(self, level: int = 1) -> dict[str, Any]:
         """Free device memory (level 1: offload weights, drop KV cache; 2: drop both)."""
         if isinstance(level, bool) or level not in (1, 2):

@@ -187,3 +187,31 @@ class ArcticWorkerExtension:
     def arctic_weight_sumsq(self) -> float:
         """Sum of squares (float64) over the checkpoint-format weights this worker serves."""
         return float(sum(self._arctic_record().values()))
+
+    def arctic_served_sumsq(self) -> dict[str, Any]:
+        """Sum of squares (float64) of the tensors this worker computes with, in kernel format.
+
+        Parameters are read directly; a linear weight handed to a CPU GEMM kernel (its
+        parameter left empty) is read back by running the layer on an identity matrix,
+        ``I @ W.T == W.T`` exactly. Fused q/k/v and gate/up count once, as the sum of their
+        parts. Replicated tensors count once per worker, so this is exact at TP size 1.
+        """
+        import torch
+        from vllm.model_executor.layers.linear import LinearBase
+
+        total = 0.0
+        read_back: list[str] = []
+        for module_name, module in self._arctic_model().named_modules():
+            for param_name, param in module.named_parameters(recurse=False):
+                if param.numel() > 0:
+                    total += sum_of_squares(param)
+                    continue
+                if not (isinstance(module, LinearBase) and param_name == "weight"):
+                    raise RuntimeError(f"{module_name}.{param_name} is empty and unreadable")
+                size = int(module.input_size_per_partition)
+                with torch.no_grad():
+                    eye = torch.eye(size, dtype=param.dtype, device=param.device)
+                    weight_t = module.quant_method.apply(module, eye, None)
+                total += sum_of_squares(weight_t)
+                read_back.append(f"{module_name}.{param_name}")
+        return {"sumsq": total, "read_back": read_back}

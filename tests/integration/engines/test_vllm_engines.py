@@ -254,6 +254,17 @@ def test_weight_norm_equals_the_checkpoint_norm(
     assert vllm_log_prob_engine.weight_norm() == pytest.approx(expected, rel=1e-12)
 
 
+def test_served_weights_read_back_from_the_kernels_have_the_checkpoint_norm(
+    vllm_log_prob_engine, hf_model
+):
+    served = vllm_log_prob_engine.served_weight_norm()
+
+    # q/k/v and gate/up are fused, and on CPU every linear weight lives in a GEMM kernel.
+    assert any("qkv_proj" in name for name in served["read_back"])
+    assert any("gate_up_proj" in name for name in served["read_back"])
+    assert served["norm"] == pytest.approx(l2_norm(hf_model.parameters()), rel=1e-12)
+
+
 @pytest.mark.parametrize("bucket_bytes", [None, 300_000], ids=["tensors", "safetensors-buckets"])
 def test_load_weights_in_place_serves_the_new_weights(
     vllm_sampling_engine, vllm_log_prob_engine, hf_model, bucket_bytes
@@ -295,6 +306,8 @@ def test_load_weights_in_place_serves_the_new_weights(
         expected_norm = l2_norm(new_model.parameters())
         assert vllm_sampling_engine.weight_norm() == pytest.approx(expected_norm, rel=1e-12)
         assert vllm_log_prob_engine.weight_norm() == pytest.approx(expected_norm, rel=1e-12)
+        served = vllm_sampling_engine.served_weight_norm()["norm"]
+        assert served == pytest.approx(expected_norm, rel=1e-12)
     finally:
         for engine in (vllm_sampling_engine, vllm_log_prob_engine):
             engine.load_weights(original.items())
