@@ -76,6 +76,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 source = str(ds_checkpoint.hf_dir(resume))
             else:
                 source = config.checkpoint_path  # Hugging Face weights to start from
+        # The reference model is the run's initial weights, kept across resumes.
+        self._reference_source = source
+        if resume is not None:
+            saved = ds_checkpoint.read_marker(resume).get("reference_source")
+            usable = saved and (Path(saved).exists() or not Path(saved).is_absolute())
+            self._reference_source = saved if usable else config.model_name
         module = ds_model.load_causal_lm(
             source, dtype=self.setup.dtype, attn_impl=self.setup.attn_impl
         )
@@ -263,7 +269,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     ) -> list[list[float]]:
         """Per-token log-probs of each row (entry 0 is 0.0); every rank returns all rows.
 
-        ``reference_model=True``: under the frozen initial weights (from ``model_name``).
+        ``reference_model=True``: under the frozen initial weights of the run (``model_name``,
+        or the Hugging Face ``checkpoint_path`` it started from; kept across resumes).
         """
         clean = self._validate(batch)
         if reference_model:
@@ -286,7 +293,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self._reference is None:
             zero3 = self.setup.zero_stage == 3
             self._reference = ds_model.ForwardModel(
-                self.config.model_name,
+                self._reference_source,
                 ds_config=reference_ds_config(self.setup) if zero3 else {},
                 dtype=self.setup.dtype,
                 zero_stage=3 if zero3 else 0,
@@ -366,6 +373,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                         "zero_stage": self.setup.zero_stage,
                         "dtype": self.setup.dtype,
                         "model_name": self.config.model_name,
+                        "reference_source": self._reference_source,
                     },
                 )
                 ds_checkpoint.publish(tmp, final)

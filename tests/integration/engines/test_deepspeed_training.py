@@ -307,7 +307,7 @@ def test_fwd_no_grad_matches_a_plain_transformers_forward(
     assert diff < 1e-4
 
 
-def test_reference_model_keeps_the_initial_weights(tiny_model_path: str) -> None:
+def test_reference_model_keeps_the_initial_weights(tiny_model_path: str, tmp_path: Path) -> None:
     batch = make_batch(4, rows=4)
     expected = _transformers_log_probs(tiny_model_path, batch["input_ids"])
     engine = make_engine(tiny_model_path, stage=3)
@@ -315,8 +315,16 @@ def test_reference_model_keeps_the_initial_weights(tiny_model_path: str) -> None
         train(engine, 3)
         policy = engine.fwd_no_grad(batch)
         ref = engine.fwd_no_grad(batch, reference_model=True)
+        engine.save_checkpoint(str(tmp_path))
     finally:
         engine.close()
+    resumed = make_engine(tiny_model_path, stage=3, checkpoint_path=str(tmp_path))
+    try:  # a resumed run keeps the reference of the run, not the checkpoint's weights
+        assert resumed.fwd_no_grad(batch, reference_model=True) == ref
+        again = resumed.fwd_no_grad(batch)
+        assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip(again, policy, strict=True))
+    finally:
+        resumed.close()
     ref_diff = max(
         abs(a - b)
         for ra, rb in zip(ref, expected, strict=True)
