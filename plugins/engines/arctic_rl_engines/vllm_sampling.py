@@ -215,7 +215,13 @@ def top_pairs(step: dict[int, Any], k: int) -> list[list[float | int]]:
 
 
 class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
-    """vLLM generation with in-place weight updates (the ``vllm`` sampling engine)."""
+    """vLLM generation with in-place weight updates (the ``vllm`` sampling engine).
+
+    ``logprobs`` are of the model's own distribution (vLLM's default ``logprobs_mode`` of
+    ``raw_logprobs``: before temperature, top-p and top-k), which is what a trainer's forward
+    computes; ``vllm_config={"logprobs_mode": "processed_logprobs"}`` gives the sampling
+    distribution instead.
+    """
 
     def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
         super().__init__(config, context or EngineContext(role="sampling"))

@@ -135,6 +135,20 @@ def test_sampled_token_logprobs_match_transformers(vllm_sampling_engine, hf_mode
     assert worst < TOLERANCE
 
 
+def test_sampled_logprobs_are_of_the_model_not_the_tempered_distribution(
+    vllm_sampling_engine, hf_model
+):
+    params = {"n": 2, "max_tokens": 8, "seed": 5, "temperature": 0.6, "top_p": 0.9}
+    results = vllm_sampling_engine.generate(PROMPTS[:2], params)
+
+    for result in results:
+        for completion in result["completions"]:
+            expected = reference_log_probs(
+                hf_model, result["prompt_token_ids"], completion["token_ids"]
+            )
+            assert max_diff(expected, completion["logprobs"]) < TOLERANCE
+
+
 def test_stop_strings_end_a_completion_with_finish_reason_stop(vllm_sampling_engine):
     probe = vllm_sampling_engine.generate([PROMPTS[3]], {"max_tokens": 12, "seed": 5})
     text = probe[0]["completions"][0]["text"]
