@@ -51,7 +51,12 @@ def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dic
         model_name=model, sampling_gpus=1, host="127.0.0.1", port=7000, seed=0
     )
     texts = _prompts(prompts)
-    params = {"n": n, "max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True}
+    params: dict[str, Any] = {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "ignore_eos": True,
+    }
 
     ours = VLLMSamplingEngine(config)
     from vllm import LLM, SamplingParams

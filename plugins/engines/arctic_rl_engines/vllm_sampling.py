@@ -126,7 +126,7 @@ class SamplingSpec:
         if "logprobs" in p:
             k = p["logprobs"]
             k = 0 if isinstance(k, bool) else k  # True/False: the sampled token's only
-            if not isinstance(k, numbers.Integral) or not 0 <= k <= max_logprobs:
+            if not isinstance(k, numbers.Integral) or not 0 <= int(k) <= max_logprobs:
                 raise _fail(
                     "logprobs",
                     f"an integer in [0, {max_logprobs}] (top alternatives per token; raise "

@@ -97,7 +97,7 @@ class ArcticWorkerExtension:
         return not (self._arctic_tied() and name.startswith("lm_head."))
 
     def _arctic_dtype(self) -> torch.dtype:
-        return self.model_runner.model_config.dtype  # type: ignore[attr-defined,no-any-return]
+        return self.model_runner.model_config.dtype  # type: ignore[attr-defined]
 
     def _arctic_record(self) -> dict[str, float]:
         if self._arctic_sumsq is None:
@@ -105,9 +105,15 @@ class ArcticWorkerExtension:
 
             config = self.vllm_config  # type: ignore[attr-defined]
             loader = get_model_loader(config.load_config)
+            all_weights = getattr(loader, "get_all_weights", None)
+            if all_weights is None:
+                raise RuntimeError(
+                    f"cannot read the checkpoint for its norm: load format "
+                    f"{config.load_config.load_format!r} has no weight iterator"
+                )
             dtype = self._arctic_dtype()
             record: dict[str, float] = {}
-            for name, tensor in loader.get_all_weights(config.model_config, self._arctic_model()):
+            for name, tensor in all_weights(config.model_config, self._arctic_model()):
                 if self._arctic_counted(name):
                     record[name] = sum_of_squares(tensor, dtype)
             self._arctic_sumsq = record
@@ -208,7 +214,7 @@ class ArcticWorkerExtension:
                     continue
                 if not (isinstance(module, LinearBase) and param_name == "weight"):
                     raise RuntimeError(f"{module_name}.{param_name} is empty and unreadable")
-                size = int(module.input_size_per_partition)
+                size = int(module.input_size_per_partition)  # type: ignore[arg-type]
                 with torch.no_grad():
                     eye = torch.eye(size, dtype=param.dtype, device=param.device)
                     weight_t = module.quant_method.apply(module, eye, None)
