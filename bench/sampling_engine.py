@@ -32,6 +32,7 @@ def run(
 ) -> dict[str, Any]:
     """Time both engines on the same workload; returns tokens/s of each and their ratio."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="arctic-rl-bench-") as tmp:
         if model is None:
@@ -67,17 +68,17 @@ def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dic
     direct_start = time.monotonic() - started
     direct_params = SamplingParams(**params, logprobs=0)
 
-    def time_ours() -> tuple[float, int]:
-        t0 = time.perf_counter()
+    def time_ours() -> tuple[float, float, int]:
+        t0, c0 = time.perf_counter(), time.process_time()
         out = ours.generate(texts, params)
-        seconds = time.perf_counter() - t0
-        return seconds, sum(len(c["token_ids"]) for r in out for c in r["completions"])
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return seconds, cpu, sum(len(c["token_ids"]) for r in out for c in r["completions"])
 
-    def time_direct() -> tuple[float, int]:
-        t0 = time.perf_counter()
+    def time_direct() -> tuple[float, float, int]:
+        t0, c0 = time.perf_counter(), time.process_time()
         out = direct.generate(texts, direct_params, use_tqdm=False)
-        seconds = time.perf_counter() - t0
-        return seconds, sum(len(c.token_ids) for r in out for c in r.outputs)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return seconds, cpu, sum(len(c.token_ids) for r in out for c in r.outputs)
 
     try:
         for _ in range(2):  # warm-up: the first calls are slow
@@ -85,11 +86,14 @@ def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dic
             time_direct()
         ours_tps: list[float] = []
         direct_tps: list[float] = []
+        ours_cpu: list[float] = []
+        direct_cpu: list[float] = []
         for i in range(repeats):
             order = (time_ours, time_direct) if i % 2 == 0 else (time_direct, time_ours)
             for fn in order:
-                seconds, tokens = fn()
+                seconds, cpu, tokens = fn()
                 (ours_tps if fn is time_ours else direct_tps).append(tokens / seconds)
+                (ours_cpu if fn is time_ours else direct_cpu).append(tokens / cpu)
     finally:
         ours.close()
         direct.llm_engine.engine_core.shutdown()
@@ -107,6 +111,12 @@ def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dic
         "tokens_per_second": {"ours": ours_median, "direct": direct_median},
         "samples": {"ours": ours_tps, "direct": direct_tps},
         "pair_ratios": pair_ratios,
+        # Tokens per CPU-second of this process: insensitive to other processes on the machine.
+        "tokens_per_cpu_second": {
+            "ours": statistics.median(ours_cpu),
+            "direct": statistics.median(direct_cpu),
+        },
+        "cpu_ratio": statistics.median(ours_cpu) / statistics.median(direct_cpu),
         "ratio_of_medians": ours_median / direct_median,
         "ratio": statistics.median(pair_ratios),
     }
@@ -137,4 +147,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     result = run(args.prompts, args.n, args.max_tokens, args.repeats, args.model)
     print(json.dumps(result, indent=2))
-    print(f"ratio ours/direct tokens/s: {result['ratio']:.3f}")
+    print(
+        f"ratio ours/direct tokens/s: {result['ratio']:.3f} "
+        f"(per CPU-second: {result['cpu_ratio']:.3f})"
+    )
