@@ -105,6 +105,27 @@ def _serve(args: argparse.Namespace) -> int:
     serve = spec.load_server()
     run_dir = Path(args.run_dir) if args.run_dir else server_run_dir(args.host, args.port)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not spec.network_address:  # the transport hosts RLServer itself (e.g. a Ray actor)
+
+        def _exit(signum: int, _frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _exit)
+        (run_dir / "server.pid").write_text(str(os.getpid()))
+        try:
+            serve(
+                run_dir,
+                num_gpus=args.num_gpus,
+                ray_auto_attach=not args.no_ray_auto_attach,
+                ray_address=args.ray_address,
+                op_timeout=args.op_timeout,
+            )
+        except ArcticRLError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            (run_dir / "server.pid").unlink(missing_ok=True)
+        return 0
     server = RLServer(
         run_dir,
         num_gpus=args.num_gpus,

@@ -79,10 +79,8 @@ class LocalBackend(Backend):
 
     def _connect(self, config: ArcticRLClientConfig, token: str) -> Any:
         spec = get_registry().get("transport", config.comm_protocol)
-        if not spec.network_address:
-            raise ArcticRLError(
-                f"the local backend does not run the {config.comm_protocol!r} transport yet"
-            )
+        if not spec.network_address:  # a cluster-hosted server found through the run dir
+            return spec.create(self.run_dir)
         return spec.create(config.host, config.port, token)
 
     def start(self, config: ArcticRLClientConfig) -> ClientTransport:
@@ -91,7 +89,7 @@ class LocalBackend(Backend):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         token = read_or_create_token(self.run_dir / "token")
         transport = self._connect(config, token)
-        if transport.health():
+        if self._answers(transport):
             try:
                 transport.call("status")
             except ServerError as exc:
@@ -111,6 +109,17 @@ class LocalBackend(Backend):
         self.transport = transport
         return transport
 
+    def _answers(self, transport: Any) -> bool:
+        """Whether a server already answers (a stale run dir of a dead server does not)."""
+        pid = self._server_pid()
+        if pid is not None and not _pid_alive(pid) and not self._network(transport):
+            return False
+        return bool(transport.health())
+
+    @staticmethod
+    def _network(transport: Any) -> bool:
+        return hasattr(transport, "base_url")
+
     def _launch(self, config: ArcticRLClientConfig) -> None:
         assert self.run_dir is not None
         counts = (config.training_gpus, config.sampling_gpus, config.log_prob_gpus)
@@ -122,9 +131,9 @@ class LocalBackend(Backend):
             "arctic_platform.rl.cli",
             "serve",
             "--host",
-            str(config.host),
+            str(config.host or "127.0.0.1"),
             "--port",
-            str(config.port),
+            str(config.port or 0),
             "--transport",
             config.comm_protocol,
             "--token-file",

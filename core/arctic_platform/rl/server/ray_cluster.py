@@ -16,6 +16,7 @@ RAY_QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_DEDUP_LOGS": "0",
+    "RAY_AUTH_MODE": "token",  # drivers must say so too, or they send no token
 }
 
 
@@ -47,12 +48,13 @@ class RayCluster:
     started_here: bool
     cpu_mode: bool
     resources: dict[str, float]
+    inside_ray: bool = False
 
     def shutdown(self) -> None:
         """Disconnect; a cluster started here goes down with it, an attached one stays up."""
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized() and not self.inside_ray:
             ray.shutdown()
 
 
@@ -81,14 +83,22 @@ def start_or_attach(
     """
     os.environ.update(RAY_QUIET_ENV)
     os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(ensure_auth_token(run_dir / "ray_auth_token")))
-    import ray
+    import ray  # imported only after the environment above is in place
 
     devices = cuda_device_count()
     cpu_mode = devices == 0
+    if ray.is_initialized():  # e.g. the server hosted inside a Ray actor
+        context = ray.get_runtime_context()
+        return RayCluster(context.gcs_address, False, cpu_mode, ray.cluster_resources(), True)
     target = _attachable_address(address)
     if ray_auto_attach and target:
         try:
-            ray.init(address=target, log_to_driver=False, namespace="arctic_rl")
+            ray.init(
+                address=target,
+                log_to_driver=False,
+                namespace="arctic_rl",
+                _node_ip_address="127.0.0.1",
+            )
             resources = ray.cluster_resources()
             if resources.get("GPU", 0) > 0:
                 logger.info("attached to the Ray cluster at %s (%s GPUs)", target, resources["GPU"])
@@ -119,6 +129,7 @@ def start_or_attach(
         _node_ip_address="127.0.0.1",
         log_to_driver=True,
         namespace="arctic_rl",
+        **kwargs,
     )
     context = ray.get_runtime_context()
     resources = ray.cluster_resources()

@@ -1,0 +1,112 @@
+"""The server side of the ``ray`` transport: ``RLServer`` in a named detached Ray actor.
+
+``serve(run_dir, ...)`` runs in the ``arctic-rl serve --transport ray`` process: it starts
+(or attaches to) the Ray cluster, creates the actor, writes the cluster address to
+``run_dir/ray_address`` for clients, and returns once the actor was asked to shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.run_dirs import write_private
+
+logger = logging.getLogger(__name__)
+
+ACTOR_NAME = "arctic-rl-server"
+NAMESPACE = "arctic_rl"
+ADDRESS_FILE = "ray_address"
+
+
+class RLServerActor:
+    """Hosts one ``RLServer``; ``handle`` is the whole operation surface."""
+
+    def __init__(self, run_dir: str, options: dict[str, Any]) -> None:
+        from arctic_platform.rl.server import RLServer
+
+        logging.basicConfig(level=logging.INFO)
+        self.server = RLServer(run_dir, **options).start()
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        """Run one operation; errors travel back to the caller as they are."""
+        return self.server.handle(name, payload)
+
+    def shutdown_requested(self) -> bool:
+        """True once a client asked the server to shut down."""
+        return self.server.shutdown_requested.is_set()
+
+    def close(self) -> None:
+        """Destroy every job."""
+        self.server.close()
+
+
+def serve(
+    run_dir: Path,
+    *,
+    num_gpus: int = 1,
+    ray_auto_attach: bool = True,
+    ray_address: str | None = None,
+    op_timeout: float = 900.0,
+    poll_interval: float = 0.5,
+) -> None:
+    """Host ``RLServer`` as the detached actor ``arctic-rl-server`` until it is shut down."""
+    from arctic_platform.rl.server.ray_cluster import start_or_attach
+
+    # start_or_attach sets Ray's environment (loopback only) before Ray is first imported
+    cluster = start_or_attach(
+        num_gpus=num_gpus, run_dir=run_dir, ray_auto_attach=ray_auto_attach, address=ray_address
+    )
+    import ray
+
+    try:
+        try:
+            existing = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+        except ValueError:
+            existing = None
+        if existing is not None:
+            raise ArcticRLError(
+                f"a Ray actor {ACTOR_NAME!r} already runs in namespace {NAMESPACE!r} on the "
+                f"cluster at {cluster.address}"
+            )
+        actor = (
+            ray.remote(RLServerActor)
+            .options(
+                name=ACTOR_NAME,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                num_cpus=0,
+                max_concurrency=32,
+            )
+            .remote(
+                str(run_dir),
+                {"num_gpus": num_gpus, "op_timeout": op_timeout, "monitor_interval": 5.0},
+            )
+        )
+        ray.get(actor.handle.remote("health", None))
+        write_private(run_dir / ADDRESS_FILE, cluster.address)
+        logger.info(
+            "RLServer is the Ray actor %r (namespace %r) on %s",
+            ACTOR_NAME,
+            NAMESPACE,
+            cluster.address,
+        )
+        while True:
+            time.sleep(poll_interval)
+            try:
+                if ray.get(actor.shutdown_requested.remote(), timeout=30):
+                    break
+            except Exception as exc:
+                logger.warning("the server actor is gone: %s", exc)
+                break
+        try:
+            ray.get(actor.close.remote(), timeout=120)
+        except Exception:
+            pass
+        ray.kill(actor, no_restart=True)
+    finally:
+        (run_dir / ADDRESS_FILE).unlink(missing_ok=True)
+        cluster.shutdown()
