@@ -299,7 +299,16 @@ class VLLMEngine(Engine):
         from vllm import LLM
 
         set_num_threads = torch.set_num_threads
-        self._llm: Any = LLM(**self.engine_kwargs)
+        self._llm: Any = None
+        try:
+            self._llm = LLM(**self.engine_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(
+                f"vLLM refused the engine arguments for {config.model_name!r} ({exc}); "
+                f"they were {self.engine_kwargs} (defaults merged with vllm_config)"
+            ) from exc
+        except Exception as exc:
+            raise EngineError(f"vLLM could not start {config.model_name!r}: {exc}") from exc
         self.start_seconds = time.monotonic() - started
         model_config = self._llm.llm_engine.model_config
         self.max_model_len: int = int(model_config.max_model_len)
@@ -367,7 +376,8 @@ class VLLMEngine(Engine):
         limit = (bucket_bytes or MP_BUCKET_BYTES) if as_bytes else None
         buckets = weight_buckets(weights, limit)
         names = [name for bucket in buckets for name in bucket]
-        problems = llm.collective_rpc("arctic_check_weight_names", args=(names,))[0]
+        shapes = [(n, list(t.shape)) for bucket in buckets for n, t in bucket.items()]
+        problems = llm.collective_rpc("arctic_check_weights", args=(shapes,))[0]
         if problems:
             raise InvalidRequestError("load_weights: " + "; ".join(problems) + "; nothing loaded")
         total = 0

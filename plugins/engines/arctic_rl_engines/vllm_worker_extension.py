@@ -82,6 +82,7 @@ class ArcticWorkerExtension:
     """
 
     _arctic_sumsq: dict[str, float] | None = None
+    _arctic_shapes: dict[str, list[int]] | None = None
 
     def _arctic_model(self) -> Any:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
@@ -113,19 +114,30 @@ class ArcticWorkerExtension:
                 )
             dtype = self._arctic_dtype()
             record: dict[str, float] = {}
+            shapes: dict[str, list[int]] = {}
             for name, tensor in all_weights(config.model_config, self._arctic_model()):
                 if self._arctic_counted(name):
                     record[name] = sum_of_squares(tensor, dtype)
-            self._arctic_sumsq = record
+                    shapes[name] = list(tensor.shape)
+            self._arctic_sumsq, self._arctic_shapes = record, shapes
         return self._arctic_sumsq
 
-    def arctic_check_weight_names(self, names: list[str]) -> list[str]:
-        """Problems that would stop ``names`` from loading (unknown names, split fused modules)."""
+    def arctic_check_weights(self, items: list[tuple[str, list[int]]]) -> list[str]:
+        """Problems that would stop ``(name, shape)`` items from loading: unknown names,
+        split fused modules, shapes unlike the checkpoint's. Nothing is loaded."""
+        self._arctic_record()
+        checkpoint_shapes = self._arctic_shapes or {}
+        names = [name for name, _ in items]
+        wrong = [
+            f"{name} has shape {list(shape)}, the checkpoint {checkpoint_shapes[name]}"
+            for name, shape in items
+            if name in checkpoint_shapes and list(shape) != checkpoint_shapes[name]
+        ]
         model = self._arctic_model()
         packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", {}) or {})
         known = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
         mapper = getattr(model, "hf_to_vllm_mapper", None)
-        problems = fused_groups(packed, names)
+        problems = fused_groups(packed, names) + wrong[:5]
         unknown: list[str] = []
         for name in names:
             if not self._arctic_counted(name):
@@ -188,6 +200,8 @@ class ArcticWorkerExtension:
         for name, tensor in tensors.items():
             if self._arctic_counted(name):
                 record[name] = sum_of_squares(tensor, dtype)
+                if self._arctic_shapes is not None:
+                    self._arctic_shapes[name] = list(tensor.shape)
         return {"tensors": len(tensors), "seconds": time.perf_counter() - started}
 
     def arctic_weight_sumsq(self) -> float:

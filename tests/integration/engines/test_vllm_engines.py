@@ -343,9 +343,18 @@ def test_load_weights_refuses_unknown_names_and_split_fused_modules(vllm_log_pro
         vllm_log_prob_engine.load_weights(q_only)
     with pytest.raises(ValueError, match="no tensors"):
         vllm_log_prob_engine.load_weights([])
+    with pytest.raises(ValueError, match="has shape"):
+        vllm_log_prob_engine.load_weights([("model.norm.weight", torch.ones(64))])
 
     assert vllm_log_prob_engine.log_probs([[5, 6]], [[7, 8]], top_k=0) == before
     assert vllm_log_prob_engine.weight_norm() == norm
+
+
+def test_an_unknown_vllm_config_key_is_a_value_error(tiny_model_path, vllm_test_config):
+    from arctic_rl_engines.vllm_sampling import VLLMSamplingEngine
+
+    with pytest.raises(ValueError, match="max_model_lenn"):
+        VLLMSamplingEngine(vllm_test_config(tiny_model_path, max_model_lenn=64))
 
 
 def test_close_frees_the_engine_memory(tiny_model_path, vllm_test_config):
