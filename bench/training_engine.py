@@ -176,6 +176,17 @@ def run(
     }
 
 
+def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Markdown-table rows: (benchmark, measured, ratio)."""
+    return [
+        (
+            f"training step (fwd_bwd+step, ZeRO-{report['zero_stage']}) vs bare DeepSpeed",
+            f"{report['ours_step_s'] * 1000:.1f} ms vs {report['bare_step_s'] * 1000:.1f} ms",
+            f"{report['ratio']:.3f}",
+        )
+    ]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)

@@ -39,8 +39,14 @@ def _weights(total_bytes: int, device: str) -> list[tuple[str, Any]]:
     return out
 
 
-def _side(role: str, total_bytes: int, bucket_sizes: list[int], ports: dict[str, int],
-          device: str, results: Any) -> None:
+def _side(
+    role: str,
+    total_bytes: int,
+    bucket_sizes: list[int],
+    ports: dict[str, int],
+    device: str,
+    results: Any,
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -73,8 +79,9 @@ def _side(role: str, total_bytes: int, bucket_sizes: list[int], ports: dict[str,
         times.append(time.perf_counter() - t0)
     out["flat_seconds"] = min(times)
     for i, size in enumerate(bucket_sizes):
-        cfg = WeightSyncConfig(training_gpus=1, inference_replicas=1, base_port=ports["ws"] + i,
-                               bucket_size=size)
+        cfg = WeightSyncConfig(
+            training_gpus=1, inference_replicas=1, base_port=ports["ws"] + i, bucket_size=size
+        )
         coord = WeightSyncCoordinator(cfg, timeout=300, reuse_buffers=True)
         best = None
         for rep in range(3):
@@ -91,8 +98,11 @@ def _side(role: str, total_bytes: int, bucket_sizes: list[int], ports: dict[str,
     dist.destroy_process_group()
 
 
-def run(total_bytes: int = 1024 * MiB, bucket_mib: tuple[int, ...] = (16, 64, 256),
-        device: str | None = None) -> dict[str, Any]:
+def run(
+    total_bytes: int = 1024 * MiB,
+    bucket_mib: tuple[int, ...] = (16, 64, 256),
+    device: str | None = None,
+) -> dict[str, Any]:
     """Run both sides in two processes; returns GB/s per variant and ratios over flat."""
     if device is None:
         import torch
@@ -103,8 +113,10 @@ def run(total_bytes: int = 1024 * MiB, bucket_mib: tuple[int, ...] = (16, 64, 25
     base = _port()
     ports = {"flat": _port(), "ws": base if base < 60000 else 40000}
     sizes = [m * MiB for m in bucket_mib]
-    procs = [ctx.Process(target=_side, args=(role, total_bytes, sizes, ports, device, results))
-             for role in ("sender", "receiver")]
+    procs = [
+        ctx.Process(target=_side, args=(role, total_bytes, sizes, ports, device, results))
+        for role in ("sender", "receiver")
+    ]
     for p in procs:
         p.start()
     got = dict(results.get(timeout=1800) for _ in procs)
@@ -113,8 +125,13 @@ def run(total_bytes: int = 1024 * MiB, bucket_mib: tuple[int, ...] = (16, 64, 25
     sender = got["sender"]
     nbytes = sender["bytes"]
     flat_gbps = nbytes / sender["flat_seconds"] / 1e9
-    report: dict[str, Any] = {"device": device, "backend": "nccl" if device == "cuda" else "gloo",
-                              "bytes": nbytes, "flat_broadcast_gbps": flat_gbps, "buckets": {}}
+    report: dict[str, Any] = {
+        "device": device,
+        "backend": "nccl" if device == "cuda" else "gloo",
+        "bytes": nbytes,
+        "flat_broadcast_gbps": flat_gbps,
+        "buckets": {},
+    }
     for m in bucket_mib:
         seconds = max(sender[f"bucket_{m}MiB_seconds"], got["receiver"][f"bucket_{m}MiB_seconds"])
         gbps = nbytes / seconds / 1e9
@@ -124,11 +141,21 @@ def run(total_bytes: int = 1024 * MiB, bucket_mib: tuple[int, ...] = (16, 64, 25
 
 def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Markdown-table rows: (benchmark, measured, ratio)."""
-    out = [("weight sync: flat broadcast (baseline)",
-            f"{report['flat_broadcast_gbps']:.2f} GB/s ({report['backend']})", "1.00")]
+    out = [
+        (
+            "weight sync: flat broadcast (baseline)",
+            f"{report['flat_broadcast_gbps']:.2f} GB/s ({report['backend']})",
+            "1.00",
+        )
+    ]
     for size, r in report["buckets"].items():
-        out.append((f"weight sync: coordinator, {size} buckets", f"{r['gbps']:.2f} GB/s",
-                    f"{r['ratio_vs_flat']:.2f}"))
+        out.append(
+            (
+                f"weight sync: coordinator, {size} buckets",
+                f"{r['gbps']:.2f} GB/s",
+                f"{r['ratio_vs_flat']:.2f}",
+            )
+        )
     return out
 
 

@@ -179,6 +179,13 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_reference(args: argparse.Namespace) -> int:
+    from arctic_platform.rl.config_doc import readme_section
+
+    print(readme_section())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``arctic-rl`` with every subcommand."""
     parser = argparse.ArgumentParser(prog="arctic-rl", description=__doc__)
@@ -197,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", help="a .json or .yaml file of ArcticRLClientConfig fields")
     check.add_argument("-v", "--verbose", action="store_true", help="print the resolved config")
     check.set_defaults(handler=_config_check)
+    ref = csub.add_parser("reference", help="print the config reference (markdown)")
+    ref.set_defaults(handler=_config_reference)
 
     serve = sub.add_parser("serve", help="run an Arctic RL server (jobs on Ray)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")

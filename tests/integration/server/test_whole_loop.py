@@ -29,11 +29,13 @@ PROMPTS = ["12 + 30 =", "the sum of digits", "write a number"]
 GREEDY = {"n": 1, "max_tokens": 8, "temperature": 0.0}
 
 
-def _config(model: str, colocate: bool) -> ArcticRLClientConfig:
+def _config(model: str, colocate: bool, transport: str) -> ArcticRLClientConfig:
+    network = transport == "http"
     return ArcticRLClientConfig(
         model_name=model,
-        host="127.0.0.1",
-        port=free_port(),
+        comm_protocol=transport,
+        host="127.0.0.1" if network else None,
+        port=free_port() if network else None,
         training_gpus=1,
         sampling_gpus=1,
         log_prob_gpus=1,
@@ -46,13 +48,18 @@ def _config(model: str, colocate: bool) -> ArcticRLClientConfig:
     )
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["separate", "colocated"])
+@pytest.fixture(
+    scope="module",
+    params=[("http", False), ("http", True), ("ray", False)],
+    ids=["http-separate", "http-colocated", "ray-separate"],
+)
 def loop(request, tiny_model_path, tmp_path_factory):
     """A client with all three jobs running, and the server's pid."""
     home = tmp_path_factory.mktemp("arctic-home")
     old = os.environ.get("ARCTIC_RL_HOME")
     os.environ["ARCTIC_RL_HOME"] = str(home)
-    client = ArcticRLClient(_config(tiny_model_path, request.param), progress=False)
+    transport, colocate = request.param
+    client = ArcticRLClient(_config(tiny_model_path, colocate, transport), progress=False)
     pid = client.backend._server_pid()  # type: ignore[attr-defined]
     yield client, pid
     try:
@@ -179,14 +186,15 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(loop):
     with pytest.raises(ServerError) as info:
         client.fwd_bwd({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1]], "advantages": [1.0]})
     assert info.value.status_code == 422 and "loss_mask[0]" in info.value.message
-    from arctic_platform.rl.plugins import get_registry
-
     cfg = client.config
-    bad = get_registry().get("transport", "http").create(cfg.host, cfg.port, "wrong-token")
-    with pytest.raises(ServerError) as info:
-        bad.call("status")
-    assert info.value.status_code == 401
-    bad.close()
+    if cfg.comm_protocol == "http":
+        from arctic_platform.rl.plugins import get_registry
+
+        bad = get_registry().get("transport", "http").create(cfg.host, cfg.port, "wrong-token")
+        with pytest.raises(ServerError) as info:
+            bad.call("status")
+        assert info.value.status_code == 401
+        bad.close()
     assert client.get_server_state()["jobs"]
 
 

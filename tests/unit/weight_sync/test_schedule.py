@@ -16,8 +16,14 @@ def _pairs(s: TransferSchedule) -> list[tuple[int, int, int, int]]:
 def test_t8_r4_tp2_every_rank_sends_to_one_worker(sharding):
     s = TransferSchedule.build(sharding, 8, 4, 2, base_port=29500)
     assert _pairs(s) == [
-        (0, 0, 0, 29500), (1, 0, 1, 29501), (2, 1, 0, 29502), (3, 1, 1, 29503),
-        (4, 2, 0, 29504), (5, 2, 1, 29505), (6, 3, 0, 29506), (7, 3, 1, 29507),
+        (0, 0, 0, 29500),
+        (1, 0, 1, 29501),
+        (2, 1, 0, 29502),
+        (3, 1, 1, 29503),
+        (4, 2, 0, 29504),
+        (5, 2, 1, 29505),
+        (6, 3, 0, 29506),
+        (7, 3, 1, 29507),
     ]
     assert s.num_senders == 8
     assert all(len(s.for_sender(r)) == 1 for r in range(8))

@@ -119,14 +119,13 @@ class EngineWorker:
     ) -> dict[str, Any]:
         """Receive all weights, then swap them in (after in-flight requests drain)."""
         from arctic_platform.rl.config import WeightSyncConfig
-        from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator, llama_tp_shard
+        from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
 
         coordinator = WeightSyncCoordinator(
             WeightSyncConfig(**sync_config), timeout=timeout, shared_memory=shared_memory
         )
-        received, report = coordinator.receive(
-            replica, 0, expected=self._expected_weights(), shard=llama_tp_shard
-        )
+        # full checkpoint tensors: vLLM's weight loaders cut their own tensor-parallel shards
+        received, report = coordinator.receive(replica, 0, expected=self._expected_weights())
         with self._lock:  # "drain": waits for the request in flight, then swaps
             self.engine.load_weights(received)
         return report.as_dict()

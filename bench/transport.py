@@ -1,0 +1,135 @@
+"""Client → server overhead: ``generate`` and ``fwd_bwd`` through a transport vs in-process.
+
+One run builds the tiny model, times the engines called directly in this process, then the
+same calls through ``ArcticRLClient`` (local backend, real server, real Ray) for each
+transport, and reports each as a ratio over the in-process time (goal <= 1.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _workload(vocab: int, rows: int, tokens: int, prompt_len: int) -> tuple[list, dict, dict]:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(rows)]
+    batch = {
+        "input_ids": [[rng.randrange(10, vocab) for _ in range(tokens)] for _ in range(rows)],
+        "advantages": [rng.uniform(-1, 1) for _ in range(rows)],
+    }
+    params = {"n": 1, "max_tokens": tokens, "temperature": 1.0, "seed": 7}
+    return prompts, batch, params
+
+
+def run(
+    rows: int = 64,
+    tokens: int = 128,
+    prompt_len: int = 16,
+    repeats: int = 3,
+    transports: tuple[str, ...] = ("http",),
+) -> dict[str, Any]:
+    """Time in-process engine calls, then the same through each transport; returns ratios."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from arctic_platform.rl.client import ArcticRLClient
+    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.interfaces import EngineContext
+    from arctic_platform.rl.plugins import get_registry
+    from arctic_platform.rl.server.jobs import free_port
+    from arctic_platform.rl.testing import build_tiny_model
+
+    model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))
+    base = ArcticRLClientConfig(
+        model_name=model,
+        training_gpus=1,
+        sampling_gpus=1,
+        host="127.0.0.1",
+        port=free_port(),
+        ray_auto_attach=False,
+        server_logs=False,
+    )
+    registry = get_registry()
+    sampler = registry.get("engine", "vllm", role="sampling").create(
+        base, EngineContext(role="sampling")
+    )
+    vocab = len(sampler.tokenizer)
+    prompts, batch, params = _workload(vocab, rows, tokens, prompt_len)
+    direct = {"generate": _median_time(lambda: sampler.generate(prompts, params), repeats)}
+    sampler.close()
+    trainer = registry.get("engine", "deepspeed", role="training").create(
+        base, EngineContext(role="training")
+    )
+    direct["fwd_bwd"] = _median_time(lambda: trainer.fwd_bwd(batch, "grpo"), repeats)
+    trainer.close()
+    report: dict[str, Any] = {
+        "workload": {"rows": rows, "tokens": tokens, "prompt_len": prompt_len},
+        "in_process_s": direct,
+        "transports": {},
+    }
+    for name in transports:
+        home = tempfile.mkdtemp(prefix=f"arctic-bench-{name}-")
+        os.environ["ARCTIC_RL_HOME"] = home
+        config = base.model_copy(update={"comm_protocol": name})
+        if name == "ray":
+            config = config.model_copy(update={"host": None, "port": None})
+        client = ArcticRLClient(config, progress=False)
+        try:
+            through = {
+                "generate": _median_time(lambda: client.generate(prompts, params), repeats),
+                "fwd_bwd": _median_time(lambda: client.fwd_bwd(batch, "grpo"), repeats),
+            }
+        finally:
+            client.shutdown()
+        report["transports"][name] = {
+            "seconds": through,
+            "ratio": {op: through[op] / direct[op] for op in through},
+        }
+    report["goal"] = 1.10
+    return report
+
+
+def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Markdown-table rows: (benchmark, measured, ratio)."""
+    w = report["workload"]
+    out = []
+    for name, r in report["transports"].items():
+        for op, ratio in r["ratio"].items():
+            out.append(
+                (
+                    f"{op} via {name} vs in-process ({w['rows']}x{w['tokens']} tokens)",
+                    f"{r['seconds'][op] * 1000:.0f} ms vs "
+                    f"{report['in_process_s'][op] * 1000:.0f} ms",
+                    f"{ratio:.3f}",
+                )
+            )
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--transports", default="http,ray")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(
+        json.dumps(
+            run(repeats=args.repeats, transports=tuple(args.transports.split(","))), indent=2
+        )
+    )
