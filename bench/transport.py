@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,8 @@ def run(
         client = ArcticRLClient(config, progress=False)
         try:
             through = {
-                "generate": _median_time(lambda: client.generate(prompts, params), repeats),
-                "fwd_bwd": _median_time(lambda: client.fwd_bwd(batch, "grpo"), repeats),
+                "generate": _median_time(partial(client.generate, prompts, params), repeats),
+                "fwd_bwd": _median_time(partial(client.fwd_bwd, batch, "grpo"), repeats),
             }
         finally:
             client.shutdown()
