@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     demo = sub.add_parser("demo", help="GRPO on a digit-sum task with a tiny model, on CPU")
-    demo.add_argument("--steps", type=int, default=40)
+    demo.add_argument("--steps", type=int, default=60)
     demo.add_argument("--model-size", choices=["tiny", "small"], default="tiny")
     demo.add_argument("--transport", default="http")
     demo.add_argument("--colocate", action="store_true")

@@ -98,9 +98,9 @@ class ArcticRLClient:
 
             bar = tqdm(
                 total=None,
-                desc=f"{job_type} job {job_id}",
+                desc=f"{job_type} job {job_id}: pending",
                 file=sys.stderr,
-                bar_format="{desc}: {postfix} [{elapsed}]",
+                bar_format="{desc} [{elapsed}]",
                 leave=True,
             )
         try:
@@ -108,7 +108,7 @@ class ArcticRLClient:
                 info = self.transport.call("get_job", {"job_id": job_id})
                 state = info["state"]
                 if bar is not None:
-                    bar.set_postfix_str(state)
+                    bar.set_description_str(f"{job_type} job {job_id}: {state}")
                 if state == "running":
                     return
                 if state in ("failed", "cancelled", "terminated"):

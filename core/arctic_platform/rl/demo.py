@@ -28,7 +28,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 class DemoSettings:
     """What one demo run does."""
 
-    steps: int = 40
+    steps: int = 60
     prompts_per_step: int = 8
     samples_per_prompt: int = 8
     max_tokens: int = 6

@@ -165,10 +165,11 @@ class LocalBackend(Backend):
         from tqdm import tqdm
 
         started = time.monotonic()
+        where = f"{config.host}:{config.port}" if config.host else config.comm_protocol
         bar = tqdm(
             total=None,
-            desc=f"arctic-rl server {config.host}:{config.port}",
-            bar_format="{desc}: {postfix} [{elapsed}]",
+            desc=f"arctic-rl server {where}: starting",
+            bar_format="{desc} [{elapsed}]",
             file=sys.stderr,
         )
         try:
@@ -181,7 +182,7 @@ class LocalBackend(Backend):
                         f"{_tail(self.run_dir / 'server.log')}"
                     )
                 if transport.health():
-                    bar.set_postfix_str("healthy")
+                    bar.set_description_str(f"arctic-rl server {where}: healthy")
                     return
                 if time.monotonic() - started > config.startup_timeout:
                     self._terminate()
@@ -190,7 +191,6 @@ class LocalBackend(Backend):
                         f"startup_timeout={config.startup_timeout}s; last log lines:\n"
                         f"{_tail(self.run_dir / 'server.log')}"
                     )
-                bar.set_postfix_str("starting")
                 time.sleep(config.health_check_interval)
         finally:
             bar.close()
