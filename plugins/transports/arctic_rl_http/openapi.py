@@ -1,4 +1,4 @@
-"""``python -m arctic_rl_http.openapi``: print the HTTP API's OpenAPI document (docs/openapi.json)."""
+"""``python -m arctic_rl_http.openapi``: print the OpenAPI document (docs/openapi.json)."""
 
 from __future__ import annotations
 
