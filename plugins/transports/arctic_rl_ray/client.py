@@ -7,7 +7,6 @@ codes the http transport uses, so callers see one behaviour.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,10 @@ class RayTransport(ClientTransport):
         address = self._address()
         if address is None:
             raise TransportError(f"no Ray server address in {self.run_dir / ADDRESS_FILE}")
-        from arctic_platform.rl.server.ray_cluster import RAY_QUIET_ENV
+        from arctic_platform.rl.server.ray_cluster import prepare_ray
 
         token = self.run_dir / "ray_auth_token"
-        if token.exists():
-            os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
-        os.environ.update(RAY_QUIET_ENV)
-        import ray  # after the environment above: loopback only, the cluster's token
+        ray = prepare_ray(token if token.exists() else None)  # loopback only, cluster's token
 
         if not ray.is_initialized():
             try:

@@ -20,6 +20,28 @@ RAY_QUIET_ENV = {
 }
 
 
+def prepare_ray(token_path: Path | None = None) -> Any:
+    """Set Ray's environment (loopback only, token auth with ``token_path``) and import it.
+
+    Ray reads the loopback switch when it is first imported; if some library imported Ray
+    earlier (vLLM does), the switch is set on the loaded module too.
+    """
+    os.environ.update(RAY_QUIET_ENV)
+    if token_path is not None:
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # keep every address on 127.0.0.1
+    try:  # Ray caches its auth mode in RayConfig; refresh it so token mode holds here too
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()
+    except ImportError:  # another Ray version: the environment variables above suffice
+        pass
+    return ray
+
+
 def cuda_device_count() -> int:
     """Number of CUDA devices visible to this process (0 on a CPU-only machine)."""
     try:
@@ -81,9 +103,8 @@ def start_or_attach(
     On a machine without CUDA the fresh cluster gets ``num_gpus`` *logical* GPUs so placement
     works the same; that is logged once. A cluster we did not start is never shut down.
     """
-    os.environ.update(RAY_QUIET_ENV)
-    os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(ensure_auth_token(run_dir / "ray_auth_token")))
-    import ray  # imported only after the environment above is in place
+    token = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    ray = prepare_ray(Path(token) if token else ensure_auth_token(run_dir / "ray_auth_token"))
 
     devices = cuda_device_count()
     cpu_mode = devices == 0

@@ -138,8 +138,18 @@ class WeightSyncCoordinator:
         buckets = plan_buckets(named, self.config.bucket_size)
         tensors = dict(named)
         plan = plan_to_json(buckets, version)
+        if len(transfers) == 1:
+            self._send_one(transfers[0], buckets, tensors, plan)
+        else:  # one thread per target: each pair is its own world, they do not wait on each other
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=len(transfers)) as pool:
+                futures = [
+                    pool.submit(self._send_one, t, buckets, tensors, plan) for t in transfers
+                ]
+                for future in futures:
+                    future.result()
         for transfer in transfers:
-            self._send_one(transfer, buckets, tensors, plan)
             report.targets.append(transfer.target)
             report.bytes += sum(b.nbytes for b in buckets)
             report.buckets += len(buckets)
