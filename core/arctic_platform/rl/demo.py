@@ -44,14 +44,6 @@ class DemoSettings:
     quiet: bool = False
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rows(outputs: list[dict[str, Any]]) -> tuple[list[list[int]], list[list[int]], list[int]]:
     rows, masks, prompt_lengths = [], [], []
     for out in outputs:
@@ -70,6 +62,7 @@ def run_demo(settings: DemoSettings) -> dict[str, Any]:
 
     from arctic_platform.rl.client import ArcticRLClient
     from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.server.jobs import free_port
     from arctic_platform.rl.testing import build_tiny_model
 
     out_dir = settings.output_dir.resolve()
@@ -87,7 +80,7 @@ def run_demo(settings: DemoSettings) -> dict[str, Any]:
         model_name=str(model),
         comm_protocol=settings.transport,
         host="127.0.0.1" if settings.transport == "http" else None,
-        port=_free_port() if settings.transport == "http" else None,
+        port=free_port() if settings.transport == "http" else None,
         training_gpus=1,
         sampling_gpus=1,
         log_prob_gpus=1,
