@@ -24,11 +24,16 @@ SHAPES = {
 }
 
 
-def _full_weights(version: int):
+# many small tensors: with 4 KiB buckets they fill more packed buckets than there are
+# packing buffers, so each buffer is reused (regression: a send was waited on twice and hung)
+MANY_SMALL = {f"model.layers.{i}.input_layernorm.weight": (256,) for i in range(24)}
+
+
+def _full_weights(version: int, shapes=None):
     import torch
 
     g = torch.Generator().manual_seed(1000 + version)
-    return {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
+    return {n: torch.randn(s, generator=g) for n, s in (shapes or SHAPES).items()}
 
 
 def _base_port(count: int) -> int:
@@ -52,7 +57,7 @@ def _base_port(count: int) -> int:
     raise RuntimeError("no free port range")
 
 
-def _sender(rank, world, gather_port, cfg, version, results, shm=False):
+def _sender(rank, world, gather_port, cfg, version, results, shm=False, shapes=None):
     """An fsdp-style rank: holds half of every tensor, all-gathers, then sends."""
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(gather_port))
@@ -63,7 +68,7 @@ def _sender(rank, world, gather_port, cfg, version, results, shm=False):
 
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        full = _full_weights(version)
+        full = _full_weights(version, shapes)
 
         def gathered():
             for name, tensor in full.items():
@@ -81,7 +86,7 @@ def _sender(rank, world, gather_port, cfg, version, results, shm=False):
         results.put(("sender", rank, "error", f"{type(exc).__name__}: {exc}"))
 
 
-def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False):
+def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False, shapes=None):
     try:
         import torch
 
@@ -89,7 +94,7 @@ def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False)
 
         torch.set_num_threads(1)
         coord = WeightSyncCoordinator(WeightSyncConfig(**cfg), timeout=TIMEOUT, shared_memory=shm)
-        expected = {n: (s, "float32") for n, s in SHAPES.items()}
+        expected = {n: (s, "float32") for n, s in (shapes or SHAPES).items()}
         if mode == "wrong_shape":
             expected["model.norm.weight"] = ((16,), "float32")
         if mode == "die":
@@ -107,7 +112,7 @@ def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False)
             store.set("ack", "ok")
             os._exit(3)  # dies after accepting the plan, before any bucket arrives
         received, _report = coord.receive(replica, tp_rank, expected=expected, shard=llama_tp_shard)
-        full = _full_weights(version)
+        full = _full_weights(version, shapes)
         tp = cfg.get("inference_tp", 1)
         for name, tensor in received:
             want = llama_tp_shard(name, full[name], tp_rank, tp)
@@ -125,19 +130,21 @@ def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False)
         )
 
 
-def _run(cfg, senders, receivers, version=1, shm=False, receiver_modes=None, wait=90):
+def _run(cfg, senders, receivers, version=1, shm=False, receiver_modes=None, wait=90, shapes=None):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     gather_port = _base_port(1)
     procs = [
-        ctx.Process(target=_sender, args=(r, senders, gather_port, cfg, version, results, shm))
+        ctx.Process(
+            target=_sender, args=(r, senders, gather_port, cfg, version, results, shm, shapes)
+        )
         for r in range(senders)
     ]
     modes = receiver_modes or {}
     procs += [
         ctx.Process(
             target=_receiver,
-            args=(rep, t, cfg, version, results, modes.get((rep, t), "normal"), shm),
+            args=(rep, t, cfg, version, results, modes.get((rep, t), "normal"), shm, shapes),
         )
         for rep, t in receivers
     ]
@@ -172,6 +179,18 @@ def test_two_fsdp_ranks_to_two_replicas_bit_exact():
     assert out[("receiver", (1, 0))][0] == "ok", out
     assert out[("receiver", (0, 0))][1] == len(SHAPES)
     assert out[("sender", 0)][0] == "ok" and out[("sender", 1)][0] == "ok"
+
+
+def test_more_packed_buckets_than_buffers_completes():
+    cfg = {
+        "training_gpus": 1,
+        "inference_replicas": 1,
+        "base_port": _base_port(1),
+        "bucket_size": 4096,
+    }
+    out = _run(cfg, 1, [(0, 0)], shapes=MANY_SMALL)
+    assert out[("receiver", (0, 0))] == ("ok", len(MANY_SMALL)), out
+    assert out[("sender", 0)][0] == "ok", out
 
 
 def test_tp2_receivers_take_their_shard():

@@ -239,8 +239,10 @@ class WeightSyncCoordinator:
             torch.empty(largest, dtype=torch.uint8, device=device)
             for _ in range(min(2, len(packed)))
         ]
-        slot_owner: dict[int, tuple[Any, int]] = {}  # buffer slot -> (its pending send, bucket)
-        in_flight: list[tuple[Any, int]] = []
+        slot_owner: dict[int, int] = {}  # buffer slot -> the bucket whose send uses it
+        # every send not yet waited on; each is waited on exactly once (a gloo send's
+        # completion is consumed by the first wait: a second wait blocks until its timeout)
+        in_flight: dict[int, Any] = {}
         packed_count = 0
         for k, bucket in enumerate(buckets):
             buf = direct_view(bucket, tensors)
@@ -249,14 +251,13 @@ class WeightSyncCoordinator:
                 slot = packed_count % len(buffers)
                 packed_count += 1
                 previous = slot_owner.pop(slot, None)
-                if previous is not None:
-                    self._wait_work(previous[0], target, previous[1])
+                if previous is not None and previous in in_flight:
+                    self._wait_work(in_flight.pop(previous), target, previous)
                 buf = pack(bucket, tensors, buffers[slot])
-            work = pg.send([buf], 1, k)
+            in_flight[k] = pg.send([buf], 1, k)
             if slot is not None:
-                slot_owner[slot] = (work, k)
-            in_flight.append((work, k))
-        for work, k in in_flight:
+                slot_owner[slot] = k
+        for k, work in in_flight.items():
             self._wait_work(work, target, k)
 
     def _wait_work(self, work: Any, who: str, bucket: int) -> None:
