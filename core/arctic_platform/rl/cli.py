@@ -76,6 +76,38 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+_SERVE_DEFAULTS = {
+    "host": "127.0.0.1",
+    "port": 7000,
+    "transport": "http",
+    "num_gpus": 1,
+    "op_timeout": 900.0,
+}
+
+
+def _serve_settings(args: argparse.Namespace) -> None:
+    """Fill unset serve options: from the job table with ``--resume RUN_DIR``, else defaults."""
+    from arctic_platform.rl.server.job_table import JobTableError, load_table, state_path
+
+    saved: dict[str, Any] = {}
+    if args.resume is not None:
+        if args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
+            raise JobTableError("--resume RUN_DIR and --run-dir name different directories")
+        args.run_dir = args.resume
+        table = load_table(Path(args.resume))
+        if table is None:
+            raise JobTableError(
+                f"nothing to resume: {state_path(Path(args.resume))} does not exist"
+            )
+        saved = table.server
+        token = Path(args.resume) / "token"
+        if args.token_file is None and token.exists():
+            args.token_file = str(token)
+    for name, default in _SERVE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, saved.get(name, default))
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -91,6 +123,11 @@ def _serve(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        _serve_settings(args)
+    except ArcticRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     token = os.environ.get("ARCTIC_RL_TOKEN")
     if args.token_file:
         token = Path(args.token_file).read_text().strip() or None
@@ -105,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
     serve = spec.load_server()
     run_dir = Path(args.run_dir) if args.run_dir else server_run_dir(args.host, args.port)
     run_dir.mkdir(parents=True, exist_ok=True)
+    settings = {"host": args.host, "port": args.port, "transport": args.transport}
     if not spec.network_address:  # the transport hosts RLServer itself (e.g. a Ray actor)
 
         def _exit(signum: int, _frame: object) -> None:
@@ -119,6 +157,8 @@ def _serve(args: argparse.Namespace) -> int:
                 ray_auto_attach=not args.no_ray_auto_attach,
                 ray_address=args.ray_address,
                 op_timeout=args.op_timeout,
+                resume=args.resume is not None,
+                settings=settings,
             )
         except ArcticRLError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -132,6 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
         ray_auto_attach=not args.no_ray_auto_attach,
         ray_address=args.ray_address,
         op_timeout=args.op_timeout,
+        resume=args.resume is not None,
+        settings=settings,
     )
 
     def _stop(signum: int, _frame: object) -> None:
@@ -152,6 +194,35 @@ def _serve(args: argparse.Namespace) -> int:
         if pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
             pid_file.unlink()
     return 0
+
+
+def _platform_serve(args: argparse.Namespace) -> int:
+    """Run the platform server that the backend named by ``--backend`` registers."""
+    import logging
+
+    from arctic_platform.rl.errors import ArcticRLError
+    from arctic_platform.rl.plugins import get_registry
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        serve = get_registry().get("backend", args.backend, field="--backend").load_server()
+    except ArcticRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return int(
+        serve(
+            host=args.host,
+            port=args.port,
+            tokens_file=args.tokens,
+            run_dir=args.run_dir,
+            num_gpus=args.num_gpus,
+            op_timeout=args.op_timeout,
+            log_level=args.log_level,
+        )
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -208,23 +279,48 @@ def build_parser() -> argparse.ArgumentParser:
     ref.set_defaults(handler=_config_reference)
 
     serve = sub.add_parser("serve", help="run an Arctic RL server (jobs on Ray)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind")
-    serve.add_argument("--port", type=int, default=7000)
-    serve.add_argument("--transport", default="http", help="a registered transport")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 7000)")
+    serve.add_argument("--transport", help="a registered transport (default http)")
     serve.add_argument("--token-file", help="file holding the bearer token clients must send")
     serve.add_argument("--run-dir", help="state directory (default: under $ARCTIC_RL_HOME)")
     serve.add_argument(
-        "--num-gpus", type=int, default=1, help="logical GPUs for a fresh Ray cluster in CPU mode"
+        "--resume",
+        metavar="RUN_DIR",
+        help="bring back the jobs of the server that ran in RUN_DIR (same ids, from their "
+        "latest checkpoints); its address, transport and token are reused unless given",
+    )
+    serve.add_argument(
+        "--num-gpus", type=int, help="logical GPUs for a fresh Ray cluster in CPU mode (default 1)"
     )
     serve.add_argument("--ray-address", help="attach to the Ray cluster at this address")
     serve.add_argument(
         "--no-ray-auto-attach", action="store_true", help="always start a fresh Ray cluster"
     )
     serve.add_argument(
-        "--op-timeout", type=float, default=900.0, help="seconds before an engine call times out"
+        "--op-timeout", type=float, help="seconds before an engine call times out (default 900)"
     )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(handler=_serve)
+
+    platform = sub.add_parser("platform", help="a multi-user platform server for a backend")
+    platsub = platform.add_subparsers(dest="platform_command", metavar="SUBCOMMAND")
+    pserve = platsub.add_parser(
+        "serve", help="serve the platform API of a backend (default dss-platform) over jobs on Ray"
+    )
+    pserve.add_argument("--host", default="127.0.0.1", help="address to bind")
+    pserve.add_argument("--port", type=int, default=8000)
+    pserve.add_argument("--tokens", required=True, help="JSON file of users and their tokens")
+    pserve.add_argument("--backend", default="dss-platform", help="a backend with a server")
+    pserve.add_argument("--run-dir", help="state directory (default: under $ARCTIC_RL_HOME)")
+    pserve.add_argument(
+        "--num-gpus", type=int, default=4, help="logical GPUs for a fresh Ray cluster in CPU mode"
+    )
+    pserve.add_argument(
+        "--op-timeout", type=float, default=900.0, help="seconds before an engine call times out"
+    )
+    pserve.add_argument("--log-level", default="info")
+    pserve.set_defaults(handler=_platform_serve)
 
     demo = sub.add_parser("demo", help="GRPO on a digit-sum task with a tiny model, on CPU")
     demo.add_argument("--steps", type=int, default=60)

@@ -1,6 +1,6 @@
-"""Registers the ``dss-platform`` backend."""
+"""Registers the ``dss-platform`` backend and its reference platform server."""
 
-from arctic_platform.rl.plugins import BackendSpec, hookimpl, not_implemented_yet
+from arctic_platform.rl.plugins import BackendSpec, hookimpl
 
 
 @hookimpl
@@ -8,6 +8,7 @@ def arctic_rl_register_backends():  # type: ignore[no-untyped-def]
     """The dss-platform backend: a remote platform speaking the DSS protocol."""
     yield BackendSpec(
         name="dss-platform",
-        factory=not_implemented_yet("the 'dss-platform' backend"),
+        factory="arctic_rl_dss.backend:DssPlatformBackend",
         description="jobs on a remote platform (DSS protocol); no local processes",
+        server_factory="arctic_rl_dss.serve:serve_platform",
     )

@@ -78,7 +78,19 @@ class _Spec:
 
 @dataclass(frozen=True)
 class BackendSpec(_Spec):
-    """A backend: who owns the cluster (``local`` starts it, ``dss-platform`` is remote)."""
+    """A backend: who owns the cluster (``local`` starts it, ``dss-platform`` is remote).
+
+    ``server_factory``, when set, runs the platform server this backend talks to
+    (``arctic-rl platform serve --backend NAME``); it is called with keyword arguments.
+    """
+
+    server_factory: Any = None
+
+    def load_server(self) -> Any:
+        """The platform-server factory, importing it when it is a lazy string."""
+        if self.server_factory is None:
+            raise PluginError(f"backend {self.name!r} has no platform server")
+        return resolve_factory(self.server_factory, f"BackendSpec {self.name!r} server")
 
 
 @dataclass(frozen=True)

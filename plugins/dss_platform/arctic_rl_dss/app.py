@@ -1,0 +1,287 @@
+"""The FastAPI app of the reference platform server: auth, bodies and errors around
+``PlatformService``. Every route but ``/health`` and the OpenAPI document needs a user token.
+"""
+
+import json
+import logging
+import math
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from arctic_platform.rl import __version__
+from arctic_platform.rl.errors import ArcticRLError, PayloadTooLargeError
+from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES
+from arctic_rl_dss.models import (
+    TOKEN_TYPE_HEADER,
+    Capacity,
+    CreateJobRequest,
+    ErrorBody,
+    LoadBody,
+    OperationBody,
+    RequestView,
+    SaveBody,
+    StepBody,
+    SubmittedRequest,
+)
+from arctic_rl_dss.service import PlatformService
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = DEFAULT_CHUNK_BYTES + 4 * 1024 * 1024
+"""A chunk of 60 MiB plus its envelope; whole frames above that must be chunked."""
+JSON = "application/json"
+OCTET = "application/octet-stream"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    """A JSON answer (non-finite floats written as strings, so every client can parse it)."""
+    body = json.dumps(_clean(data), separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type=JSON)
+
+
+def error_response(status: int, message: str, code: str, **extra: Any) -> Response:
+    """``{"message", "code"}`` with ``status``."""
+    return json_response({"message": message, "code": code, **extra}, status)
+
+
+_ERRORS = {
+    "401": {"description": "missing or refused token", "model": ErrorBody},
+    "404": {"description": "no such job (or not yours), sub-job, request or checkpoint"},
+    "409": {"description": "the job is not running, or a chunk group conflict", "model": ErrorBody},
+    "413": {"description": "body over the size limit (chunk it)", "model": ErrorBody},
+    "422": {"description": "invalid request; the message names the field", "model": ErrorBody},
+}
+_FRAME_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            OCTET: {
+                "schema": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": "a safetensors frame, or a chunk envelope of one",
+                }
+            }
+        },
+    }
+}
+
+
+def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The platform API over ``service``."""
+    app = FastAPI(
+        title="Arctic RL platform (dss-platform protocol)",
+        version=__version__,
+        description=(
+            "Jobs with typed sub-jobs on a shared cluster. Send 'Authorization: Bearer <token>'"
+            f" (and optionally '{TOKEN_TYPE_HEADER}: PROGRAMMATIC_ACCESS_TOKEN'). Control-plane "
+            "calls answer at once; data-plane calls answer {request_id, job_id}: poll "
+            "GET /{job_id}/requests/{request_id}. See docs/platform-api.md."
+        ),
+    )
+
+    def user(request: Request) -> str:
+        auth = request.headers.get("authorization")
+        return service.users.authenticate(auth, request.headers.get(TOKEN_TYPE_HEADER)).name
+
+    User = Annotated[str, Depends(user)]
+
+    async def body_bytes(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise PayloadTooLargeError(
+                f"a body of {declared} bytes is over the limit of {max_body_bytes} bytes; send "
+                "frames over 60 MiB as chunks"
+            )
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > max_body_bytes:
+                raise PayloadTooLargeError(
+                    f"the body grew past the limit of {max_body_bytes} bytes"
+                )
+            parts.append(part)
+        return b"".join(parts)
+
+    @app.exception_handler(ArcticRLError)
+    async def arctic_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ArcticRLError)
+        if exc.status >= 500:
+            logger.error("request failed: %s", exc)
+        return error_response(exc.status, str(exc), exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        parts = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+            for e in errors
+        ]
+        detail = [{k: e.get(k) for k in ("loc", "msg", "type")} for e in errors]
+        return error_response(422, "; ".join(parts), "invalid_request", detail=detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, str(exc.detail), code)
+
+    @app.get("/health", tags=["service"], summary="liveness (no token)")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/capacity", tags=["control"], responses=_ERRORS, response_model=Capacity)
+    def capacity(who: User) -> Response:
+        """Your reservation, the GPUs your jobs use, and how many you could still get."""
+        return json_response(service.capacity(who))
+
+    @app.post("/", tags=["control"], responses=_ERRORS, status_code=201)
+    def create_job(who: User, body: CreateJobRequest) -> Response:
+        """Create a job. Give ``job_id`` to make a retry safe: a second create is a 409."""
+        return json_response(service.create_job(who, body), 201)
+
+    @app.get("/", tags=["control"], responses=_ERRORS)
+    def list_jobs(
+        who: User,
+        status: Annotated[str | None, Query(max_length=40)] = None,
+        sub_job: Annotated[int | None, Query(ge=0)] = None,
+    ) -> Response:
+        """Your jobs: all, those in ``status``, or the one holding sub-job ``sub_job``."""
+        return json_response(service.list_jobs(who, status, sub_job))
+
+    @app.get("/{job_id}", tags=["control"], responses=_ERRORS)
+    def get_job(who: User, job_id: str) -> Response:
+        """A job and its sub-jobs with their states."""
+        return json_response(service.get_job(who, job_id))
+
+    @app.post("/{job_id}:cancel", tags=["control"], responses=_ERRORS)
+    def cancel_job(who: User, job_id: str) -> Response:
+        """Cancel a job; repeating it is a success, a job that ended on its own is a 409."""
+        return json_response(service.cancel(who, job_id))
+
+    @app.get("/{job_id}/checkpoints", tags=["checkpoints"], responses=_ERRORS)
+    def list_checkpoints(who: User, job_id: str) -> Response:
+        """The job's checkpoints."""
+        return json_response(service.list_checkpoints(who, job_id))
+
+    @app.post(
+        "/{job_id}/checkpoints/{checkpoint_id}:export", tags=["checkpoints"], responses=_ERRORS
+    )
+    def export_checkpoint(who: User, job_id: str, checkpoint_id: str) -> Response:
+        """Links (on this server, same token) to every file of a checkpoint."""
+        return json_response(service.export_checkpoint(who, job_id, checkpoint_id))
+
+    @app.get(
+        "/{job_id}/checkpoints/{checkpoint_id}/files/{name:path}",
+        tags=["checkpoints"],
+        responses=_ERRORS,
+        response_class=FileResponse,
+    )
+    def checkpoint_file(who: User, job_id: str, checkpoint_id: str, name: str) -> FileResponse:
+        """One file of a checkpoint."""
+        return FileResponse(service.checkpoint_file(who, job_id, checkpoint_id, name))
+
+    @app.delete(
+        "/{job_id}/checkpoints/{checkpoint_id}",
+        tags=["checkpoints"],
+        responses=_ERRORS,
+        status_code=204,
+    )
+    def delete_checkpoint(who: User, job_id: str, checkpoint_id: str) -> Response:
+        """Delete a checkpoint (404 if there is none)."""
+        service.delete_checkpoint(who, job_id, checkpoint_id)
+        return Response(status_code=204)
+
+    @app.post(
+        "/{job_id}/forward-backward",
+        tags=["data"],
+        responses=_ERRORS,
+        status_code=202,
+        response_model=SubmittedRequest,
+        openapi_extra=_FRAME_BODY,
+    )
+    async def forward_backward(
+        who: User, job_id: str, body: Annotated[bytes, Depends(body_bytes)]
+    ) -> Response:
+        """One chunk envelope of a forward-backward frame; the last chunk schedules it.
+
+        The chunk group id is the idempotency key: the gradient is applied at most once.
+        """
+        return json_response(
+            await run_in_threadpool(service.forward_backward, who, job_id, body), 202
+        )
+
+    @app.post("/{job_id}/step", tags=["data"], responses=_ERRORS, status_code=202,
+              response_model=SubmittedRequest)  # fmt: skip
+    def step(who: User, job_id: str, body: StepBody) -> Response:
+        """Schedule an optimizer step."""
+        return json_response(service.step(who, job_id, body), 202)
+
+    @app.post("/{job_id}/save", tags=["data"], responses=_ERRORS, status_code=202,
+              response_model=SubmittedRequest)  # fmt: skip
+    def save(who: User, job_id: str, body: SaveBody) -> Response:
+        """Schedule a checkpoint of the training sub-job."""
+        return json_response(service.save(who, job_id, body), 202)
+
+    @app.post("/{job_id}/load", tags=["data"], responses=_ERRORS, status_code=202,
+              response_model=SubmittedRequest)  # fmt: skip
+    def load(who: User, job_id: str, body: LoadBody) -> Response:
+        """Schedule loading one of the job's checkpoints into its training sub-job."""
+        return json_response(service.load(who, job_id, body), 202)
+
+    @app.post(
+        "/{job_id}/generate",
+        tags=["data"],
+        responses=_ERRORS,
+        status_code=202,
+        response_model=SubmittedRequest,
+        openapi_extra=_FRAME_BODY,
+    )
+    async def generate(
+        who: User, job_id: str, body: Annotated[bytes, Depends(body_bytes)]
+    ) -> Response:
+        """Schedule generation: a frame of {prompts, sampling_params}, chunked when large."""
+        return json_response(await run_in_threadpool(service.generate, who, job_id, body), 202)
+
+    @app.post("/{job_id}/operation", tags=["data"], responses=_ERRORS)
+    def operation(who: User, job_id: str, body: OperationBody) -> Response:
+        """A generic operation: async ones answer {request_id}, inline ones {result}."""
+        answer = service.operation(who, job_id, body)
+        return json_response(answer, 202 if "request_id" in answer else 200)
+
+    @app.get("/{job_id}/requests", tags=["data"], responses=_ERRORS)
+    def list_requests(who: User, job_id: str) -> Response:
+        """The job's request records with their states (newest first)."""
+        return json_response(service.list_requests(who, job_id))
+
+    @app.get(
+        "/{job_id}/requests/{request_id}",
+        tags=["data"],
+        responses=_ERRORS,
+        response_model=RequestView,
+    )
+    def get_request(who: User, job_id: str, request_id: str) -> Response:
+        """A request record: pending, running, done (with its result), failed or cancelled."""
+        return json_response(service.get_request(who, job_id, request_id))
+
+    return app
+
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "build_app", "error_response", "json_response"]

@@ -1,0 +1,101 @@
+"""``arctic-rl platform serve``: the reference platform server (uvicorn, RLServer on Ray)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from arctic_platform.rl.errors import ArcticRLError
+from arctic_rl_dss.users import Users
+
+logger = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ArcticRLError(f"cannot listen on {host}:{port}: {exc}") from exc
+    return sock
+
+
+def serve_platform(
+    *,
+    host: str,
+    port: int,
+    tokens_file: str,
+    run_dir: str | None = None,
+    num_gpus: int = 4,
+    op_timeout: float = 900.0,
+    log_level: str = "info",
+    **_: Any,
+) -> int:
+    """Serve the platform API until SIGTERM/SIGINT; returns the process exit code."""
+    import uvicorn
+
+    from arctic_platform.rl.run_dirs import arctic_home
+    from arctic_platform.rl.server import RLServer
+    from arctic_rl_dss.app import build_app
+    from arctic_rl_dss.service import PlatformService
+    from arctic_rl_dss.store import Store
+
+    try:
+        users = Users.load(tokens_file)
+        sock = _bind(host, port)
+    except ArcticRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    root = Path(run_dir) if run_dir else arctic_home() / "platform" / f"{host}_{port}"
+    root.mkdir(parents=True, exist_ok=True)
+    rl = RLServer(root, num_gpus=num_gpus, ray_auto_attach=False, op_timeout=op_timeout)
+    store = Store(root / "platform.sqlite3")
+    service = PlatformService(rl, store, users)
+    config = uvicorn.Config(
+        build_app(service),
+        log_level=log_level,
+        access_log=log_level == "debug",
+        lifespan="off",
+        server_header=False,
+        timeout_keep_alive=75,
+    )
+    server = uvicorn.Server(config)
+
+    def _stop(signum: int, _frame: object) -> None:
+        server.should_exit = True
+
+    pid_file = root / "platform.pid"
+    try:
+        rl.start()
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        pid_file.write_text(str(os.getpid()))
+        logger.info(
+            "Arctic RL platform on %s:%s for %d user(s), run dir %s",
+            host,
+            port,
+            len(users.users),
+            root,
+        )
+        server.run(sockets=[sock])
+    except ArcticRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        service.close()
+        rl.close()
+        store.close()
+        with contextlib.suppress(OSError):
+            sock.close()
+        pid_file.unlink(missing_ok=True)
+    return 0

@@ -1,0 +1,510 @@
+"""The dss-platform backend against a real ``arctic-rl platform serve`` on 127.0.0.1.
+
+One platform server (a subprocess with its own Ray cluster, 4 logical GPUs) serves the
+module. Alice runs the whole RL loop through ``ArcticRLClient(backend="dss-platform")``; Bob
+runs a training job beside it. The last test kills the server mid-request and restarts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from arctic_platform.rl.client import ArcticRLClient
+from arctic_platform.rl.config import ArcticRLClientConfig
+from arctic_platform.rl.errors import ServerError
+from arctic_platform.rl.protocol import encode_frame
+from arctic_platform.rl.server.jobs import free_port
+from arctic_rl_dss.chunks import encode_chunks
+from arctic_rl_dss.transport import DssTransport, PollSettings
+
+pytestmark = pytest.mark.slow
+
+ALICE = "alice-token-0123456789abcdef"
+BOB = "bob-token-fedcba9876543210xyz"
+PROMPTS = ["12 + 30 =", "the sum of digits", "write a number"]
+FAST_POLL = {
+    "ARCTIC_RL_DSS_POLL_INITIAL": "0.05",
+    "ARCTIC_RL_DSS_POLL_FACTOR": "1.25",
+    "ARCTIC_RL_DSS_POLL_MAX": "0.5",
+    "ARCTIC_RL_DSS_POLL_TIMEOUT": "300",
+}
+
+
+class Platform:
+    """A running platform server subprocess and how to reach it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.tokens = root / "tokens.json"
+        self.tokens.write_text(
+            json.dumps(
+                {"users": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}]}
+            )
+        )
+        self.run_dir = root / "platform"
+        self.log = root / "platform.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "arctic_platform.rl.cli", "platform", "serve"]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--tokens", str(self.tokens)]
+        cmd += ["--run-dir", str(self.run_dir), "--num-gpus", "4"]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("platform server did not come up:\n" + self.log.read_text()[-3000:])
+
+    def tree(self) -> list[int]:
+        assert self.proc is not None
+        return [self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(True))]
+
+    def kill_tree(self, pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pids = self.tree()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(2)
+        self.kill_tree([p for p in pids if psutil.pid_exists(p)])
+
+    def transport(self, token: str, **kwargs: object) -> DssTransport:
+        poll = PollSettings(initial=0.05, factor=1.25, maximum=0.5, timeout=300)
+        return DssTransport("127.0.0.1", self.port, token, poll=poll, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    old = {k: os.environ.get(k) for k in [*FAST_POLL, "ARCTIC_RL_HOME", "ARCTIC_RL_PAT"]}
+    root = tmp_path_factory.mktemp("platform")
+    os.environ.update(FAST_POLL)
+    os.environ["ARCTIC_RL_HOME"] = str(root / "home")
+    server = Platform(root)
+    server.start()
+    yield server
+    server.stop()
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _config(platform: Platform, model: str, **gpus: int) -> ArcticRLClientConfig:
+    return ArcticRLClientConfig(
+        model_name=model,
+        backend="dss-platform",
+        host="127.0.0.1",
+        port=platform.port,
+        training_gpus=gpus.get("training", 1),
+        sampling_gpus=gpus.get("sampling", 1),
+        log_prob_gpus=gpus.get("log_prob", 1),
+        job_ready_timeout=600,
+        training_config={"optimizer": {"lr": 1e-3}},
+    )
+
+
+def _client(config: ArcticRLClientConfig, token: str) -> ArcticRLClient:
+    os.environ["ARCTIC_RL_PAT"] = token
+    try:
+        return ArcticRLClient(config, progress=False)
+    finally:
+        os.environ.pop("ARCTIC_RL_PAT", None)
+
+
+@pytest.fixture(scope="module")
+def alice(platform, tiny_model_path):
+    client = _client(_config(platform, tiny_model_path), ALICE)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def bob(platform, tiny_model_path):
+    config = _config(platform, tiny_model_path, sampling=0, log_prob=0)
+    client = _client(config, BOB)
+    yield client
+    client.close()
+
+
+def _batch(outputs):
+    rows, plens = [], []
+    for out in outputs:
+        prompt = out["prompt_token_ids"]
+        for completion in out["completions"]:
+            rows.append(prompt + completion["token_ids"])
+            plens.append(len(prompt))
+    return rows, plens
+
+
+def _fb_count(transport: DssTransport, number: int) -> int:
+    return int(transport.call("get_job", {"job_id": number})["forward_backward_count"])
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+def test_no_token_is_a_clear_error_before_any_call(platform, tiny_model_path, monkeypatch):
+    monkeypatch.delenv("ARCTIC_RL_PAT", raising=False)
+    monkeypatch.delenv("ARCTIC_RL_PAT_FILE", raising=False)
+    before = json.loads(httpx.get(f"http://127.0.0.1:{platform.port}/health").text)
+    with pytest.raises(Exception, match="ARCTIC_RL_PAT"):
+        ArcticRLClient(_config(platform, tiny_model_path), progress=False)
+    assert before["status"] == "ok"
+
+
+def test_one_platform_job_holds_three_running_sub_jobs_with_integer_ids(alice):
+    ids = alice.job_ids
+    assert all(isinstance(ids[t], int) for t in ("training", "sampling", "log_prob"))
+    state = alice.get_server_state()
+    assert len(state["jobs"]) == 1
+    job = state["jobs"][0]
+    assert job["status"] == "running"
+    types = sorted(s["job_type"] for s in job["sub_jobs"])
+    assert types == ["log_probability", "sampling", "training"]
+    assert {s["sub_job_id"].split(":")[1] for s in job["sub_jobs"]} == {
+        "training",
+        "sampling",
+        "log_prob",
+    }
+    assert state["capacity"]["in_use_gpus"] == 3
+
+
+def test_the_whole_loop_runs_through_the_platform(alice):
+    gen = alice.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 3})
+    assert len(gen["outputs"]) == len(PROMPTS)
+    rows, plens = _batch(gen["outputs"])
+    lp = alice.log_probs(
+        [r[:p] for r, p in zip(rows, plens, strict=True)],
+        [r[p:] for r, p in zip(rows, plens, strict=True)],
+    )
+    trainer = alice.fwd_no_grad({"input_ids": rows})
+    for row_lp, out, p in zip(trainer, lp["outputs"], plens, strict=True):
+        assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) < 1e-3
+
+    masks = [[0] * p + [1] * (len(r) - p) for r, p in zip(rows, plens, strict=True)]
+    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
+    norm_before = alice.weight_norm()["training"]
+    metrics = alice.fwd_bwd(
+        {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": trainer}
+    )
+    assert "loss" in metrics
+    assert alice.step()["global_step"] == 1
+    assert alice.weight_norm()["training"] != norm_before
+
+    synced = alice.sync_weights()
+    assert synced["weight_version"] == 1 and synced["bytes"] > 0
+    norms = alice.weight_norm()
+    assert norms["sampling"] == pytest.approx(norms["training"], rel=1e-5)
+    assert norms["log_prob"] == pytest.approx(norms["training"], rel=1e-5)
+
+    after = alice.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 4})
+    assert after["weight_version"] == 1
+    rows, plens = _batch(after["outputs"])
+    trainer = alice.fwd_no_grad({"input_ids": rows})
+    sampled = [c["logprobs"] for o in after["outputs"] for c in o["completions"]]
+    for row_lp, s, p in zip(trainer, sampled, plens, strict=True):
+        assert max(abs(a - b) for a, b in zip(row_lp[p:], s, strict=True)) <= 1e-3
+
+
+def test_checkpoints_are_listed_exported_loaded_and_deleted(alice):
+    t = alice.transport
+    path = alice.save_checkpoint(tag="ckpt-a")
+    step = alice.step()["global_step"]
+    job = t.job_id
+    listed = t._send("GET", f"/{job}/checkpoints", what="list")["checkpoints"]
+    assert [c["checkpoint_id"] for c in listed] == ["ckpt-a"]
+    exported = t._send("POST", f"/{job}/checkpoints/ckpt-a:export", what="export")
+    names = {f["filename"]: f for f in exported["files"]}
+    weights = [n for n in names if n.endswith(".safetensors")]
+    assert weights, sorted(names)
+    got = t.raw("GET", names[weights[0]]["url"])
+    assert got.status_code == 200 and len(got.content) == names[weights[0]]["size_bytes"]
+    assert alice.load_checkpoint(path) == step - 1
+    t.raw("DELETE", f"/{job}/checkpoints/ckpt-a").raise_for_status()
+    assert t.raw("DELETE", f"/{job}/checkpoints/ckpt-a").status_code == 404
+    assert not Path(path).exists()
+
+
+def test_a_second_process_reconnects_by_integer_ids(alice, platform, tmp_path):
+    step_before = alice.step()["global_step"]
+    config_file = tmp_path / "reconnect.json"
+    config_file.write_text(alice.reconnect_config().model_dump_json())
+    program = textwrap.dedent(
+        f"""
+        import json
+        from arctic_platform.rl.client import ArcticRLClient
+        from arctic_platform.rl.config import ArcticRLClientConfig
+        cfg = ArcticRLClientConfig.model_validate_json(open({str(config_file)!r}).read())
+        c = ArcticRLClient(cfg, progress=False)
+        m = c.fwd_bwd({{"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}},
+                      loss_fn="importance_sampling")
+        s = c.step()
+        c.close()
+        print(json.dumps({{"step": s["global_step"], "loss": m["loss"]}}))
+        """
+    )
+    env = {**os.environ, "ARCTIC_RL_PAT": ALICE}
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == step_before + 1
+    assert alice.step()["global_step"] == step_before + 2
+    assert len(alice.get_server_state()["jobs"]) == 1  # reconnecting created nothing
+
+
+def test_bad_requests_get_clear_4xx_and_the_platform_keeps_serving(alice):
+    t = alice.transport
+    with pytest.raises(ServerError) as info:
+        t.call("get_job", {"job_id": 99999})
+    assert info.value.status_code == 404
+    with pytest.raises(ServerError) as info:
+        alice.fwd_bwd({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1]], "advantages": [1.0]})
+    assert info.value.status_code == 422 and "loss_mask[0]" in info.value.message
+    bad_step = t.raw("POST", f"/{t.job_id}/step", json={"learning_rate": -1})
+    assert bad_step.status_code == 422 and "learning_rate" in bad_step.json()["message"]
+    wrong = t.raw(
+        "POST",
+        f"/{t.job_id}/operation",
+        json={"operation_type": "forward", "sub_job_type": "sampling", "payload": {}},
+    )
+    assert wrong.status_code == 422
+    unknown = t.raw("POST", f"/{t.job_id}/operation", json={"operation_type": "explode"})
+    assert unknown.status_code == 422 and "weight-sync" in unknown.json()["message"]
+    assert alice.get_server_state()["jobs"][0]["status"] == "running"
+
+
+# --- two users ---------------------------------------------------------------------------
+
+
+def test_two_users_run_jobs_side_by_side_and_cannot_see_each_other(alice, bob, platform):
+    a, b = alice.transport, bob.transport
+    assert a.job_id != b.job_id
+    assert [j["job_id"] for j in a.call("status")["jobs"]] == [a.job_id]
+    assert [j["job_id"] for j in b.call("status")["jobs"]] == [b.job_id]
+
+    results = {}
+
+    def bob_trains():
+        m = bob.fwd_bwd({"input_ids": [[1, 5, 6, 7]], "advantages": [1.0]}, "importance_sampling")
+        results["bob"] = (m["loss"], bob.step()["global_step"])
+
+    thread = threading.Thread(target=bob_trains)
+    thread.start()
+    metrics = alice.fwd_bwd(
+        {"input_ids": [[1, 2, 3, 4]], "advantages": [1.0]}, "importance_sampling"
+    )
+    thread.join(timeout=300)
+    assert "loss" in metrics and results["bob"][1] == 1
+
+    bob_job = b.job_id
+    bob_number = bob.job_ids["training"]
+    missing = a.raw("GET", "/no-such-job")
+    assert missing.status_code == 404
+    probes = [
+        a.raw("GET", f"/{bob_job}"),
+        a.raw("POST", f"/{bob_job}:cancel"),
+        a.raw("GET", f"/{bob_job}/checkpoints"),
+        a.raw("GET", f"/{bob_job}/requests"),
+        a.raw("POST", f"/{bob_job}/step", json={}),
+        a.raw("POST", f"/{bob_job}/operation", json={"operation_type": "weight-norm"}),
+        a.raw("POST", f"/{bob_job}/forward-backward", content=b"x" * 10),
+    ]
+    for answer in probes:
+        assert answer.status_code == 404, (answer.request.url, answer.text)
+        assert answer.json()["code"] == missing.json()["code"]
+        assert "bob" not in answer.text
+    assert a.raw("GET", "/", params={"sub_job": bob_number}).json() == {"jobs": []}
+    with pytest.raises(ServerError) as info:
+        a.call("get_job", {"job_id": bob_number})
+    assert info.value.status_code == 404 and "bob" not in info.value.message
+    record = b.raw("GET", f"/{bob_job}/requests").json()["requests"][0]
+    assert a.raw("GET", f"/{bob_job}/requests/{record['request_id']}").status_code == 404
+    assert a.raw("GET", f"/{a.job_id}/requests/{record['request_id']}").status_code == 404
+
+    url = f"http://127.0.0.1:{platform.port}/{a.job_id}"
+    assert httpx.get(url).status_code == 401
+    wrong = httpx.get(url, headers={"Authorization": "Bearer not-a-real-token-at-all"})
+    assert wrong.status_code == 401 and "alice" not in wrong.text and "bob" not in wrong.text
+    assert (
+        httpx.get(f"http://127.0.0.1:{platform.port}/", headers={"Authorization": "x"}).status_code
+        == 401
+    )
+    assert b.call("get_job", {"job_id": bob_number})["state"] == "running"
+
+
+# --- chunked frames and idempotency -------------------------------------------------------
+
+
+def test_a_150_mib_forward_backward_frame_goes_through_in_chunks_once(alice):
+    t = alice.transport
+    training = alice.job_ids["training"]
+    rows, width = 4, 150 * 1024 * 1024 // (4 * 8)
+    ids = np.zeros((rows, width), dtype=np.int64)
+    mask = np.zeros((rows, width), dtype=np.uint8)
+    real = np.array(
+        [[1, 5, 6, 7, 8, 9], [1, 7, 7, 2, 3, 4], [1, 2, 3, 4, 5, 6], [1, 9, 8, 7, 6, 5]]
+    )
+    ids[:, :6], mask[:, :6] = real, 1
+    sub_job_id = t.sub_jobs[training].sub_job_id
+    frame = encode_frame(
+        {
+            "batch": {"input_ids": ids, "attention_mask": mask, "advantages": np.ones(rows)},
+            "loss_fn": "importance_sampling",
+            "sub_job_id": sub_job_id,
+        }
+    )
+    del ids, mask
+    assert len(frame) > 150 * 1024 * 1024
+    chunks = encode_chunks(frame, "forward-backward", "big-group-1")
+    del frame
+    assert len(chunks) == 3
+    before = _fb_count(t, training)
+    path = f"/{t.job_id}/forward-backward"
+    acks = [t._send("POST", path, what="chunk", content=c) for c in chunks]
+    assert [a.get("received_chunks") for a in acks[:2]] == [1, 2]
+    request_id = acks[-1]["request_id"]
+    result = t.wait_request(t.job_id, request_id, "forward-backward")
+    assert result["tokens"] == pytest.approx(rows * 5)  # padding trimmed: 5 scored tokens a row
+    assert _fb_count(t, training) == before + 1
+
+    replay = t._send("POST", path, what="replay", content=chunks[-1])
+    assert replay["request_id"] == request_id and replay["replayed"] is True
+    first = t._send("POST", path, what="replay chunk 0", content=chunks[0])
+    assert first["request_id"] == request_id
+    reuse = t.raw(
+        "POST", path, content=encode_chunks(b"other", "forward-backward", "big-group-1")[0]
+    )
+    assert reuse.status_code == 409 and reuse.json()["code"] == "chunk_group_conflict"
+    assert t.wait_request(t.job_id, replay["request_id"], "fb")["loss"] == result["loss"]
+    assert _fb_count(t, training) == before + 1
+
+
+def test_a_corrupted_chunk_is_rejected_and_nothing_is_applied(alice):
+    t = alice.transport
+    training = alice.job_ids["training"]
+    sub_job_id = t.sub_jobs[training].sub_job_id
+    frame = encode_frame(
+        {
+            "batch": {"input_ids": [[1, 5, 6, 7, 8]] * 40, "advantages": [1.0] * 40},
+            "loss_fn": "importance_sampling",
+            "sub_job_id": sub_job_id,
+        }
+    )
+    chunks = encode_chunks(frame, "forward-backward", "small-group", chunk_bytes=512)
+    assert len(chunks) >= 3
+    path = f"/{t.job_id}/forward-backward"
+    before = _fb_count(t, training)
+    late = t.raw("POST", path, content=encode_chunks(frame, "forward-backward", "other", 512)[1])
+    assert late.status_code == 409 and late.json()["code"] == "chunk_group_restart_required"
+
+    t._send("POST", path, what="chunk 0", content=chunks[0])
+    corrupt = bytearray(chunks[1])
+    corrupt[-3] ^= 0xFF  # a byte of the slice itself
+    answer = t.raw("POST", path, content=bytes(corrupt))
+    assert answer.status_code == 422 and "corrupt" in answer.json()["message"]
+    garbage = t.raw("POST", path, content=b"\x00" * 64)
+    assert 400 <= garbage.status_code < 500
+    assert _fb_count(t, training) == before
+    assert not [
+        r for r in t.raw("GET", f"/{t.job_id}/requests").json()["requests"]
+        if r["operation"] == "forward-backward" and r["status"] != "done"
+    ]  # fmt: skip
+
+    last = None
+    for chunk in chunks[1:]:  # the good chunks complete the group: applied exactly once
+        last = t._send("POST", path, what="chunk", content=chunk)
+    assert last is not None and "request_id" in last
+    t.wait_request(t.job_id, last["request_id"], "fb")
+    assert _fb_count(t, training) == before + 1
+
+
+# --- kill and restart (last: it replaces the module's server) -----------------------------
+
+
+def test_killing_the_platform_mid_request_gives_a_clear_error_and_creates_nothing_twice(
+    alice, bob, platform
+):
+    t = alice.transport
+    jobs_before = sorted(j["job_id"] for j in t.call("status")["jobs"])
+    outcome: dict[str, object] = {}
+
+    def long_generate():
+        try:
+            outcome["result"] = alice.generate(
+                PROMPTS * 20, {"n": 2, "max_tokens": 300, "min_tokens": 300, "temperature": 1.0}
+            )
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=long_generate)
+    thread.start()
+    deadline = time.monotonic() + 60
+    running = None
+    while time.monotonic() < deadline and running is None:
+        records = t.raw("GET", f"/{t.job_id}/requests").json()["requests"]
+        running = next(
+            (r for r in records if r["operation"] == "generate" and r["status"] == "running"), None
+        )
+        time.sleep(0.05)
+    assert running is not None, "the generate request never ran"
+    platform.kill_tree(platform.tree())
+    time.sleep(1.0)
+    platform.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    if "error" in outcome:
+        error = outcome["error"]
+        assert isinstance(error, ServerError) and error.code == "server_restarted", error
+        assert "in flight" in error.message
+    else:
+        assert len(outcome["result"]["outputs"]) == len(PROMPTS) * 20  # type: ignore[index]
+
+    after = t.call("status")["jobs"]
+    assert sorted(j["job_id"] for j in after) == jobs_before
+    assert after[0]["status"] == "failed" and "restarted" in after[0]["reason"]
+    listed = t.raw("GET", f"/{t.job_id}/requests").json()["requests"]
+    assert next(r for r in listed if r["request_id"] == running["request_id"])["status"] in (
+        "failed",
+        "done",
+    )
+    with pytest.raises(ServerError) as info:
+        alice.step()
+    assert info.value.status_code == 409
+    assert len(bob.transport.call("status")["jobs"]) == 1
