@@ -61,6 +61,7 @@ class ArcticRLClient:
     # --- start-up -----------------------------------------------------------------------
 
     def _attach_jobs(self) -> None:
+        """Attach to the configured job ids; jobs still starting (a resumed server) are awaited."""
         for job_type in JOB_ORDER:
             job_id = getattr(self.config, f"{job_type}_job_id")
             if job_id is None:
@@ -68,10 +69,15 @@ class ArcticRLClient:
             info = self.transport.call("get_job", {"job_id": job_id})
             if info["job_type"] != job_type:
                 raise JobError(f"{job_type}_job_id={job_id} is a {info['job_type']} job")
-            if info["state"] != "running":
+            if info["state"] in ("pending", "placing", "initializing"):
+                self._wait_running(job_type, job_id)
+            elif info["state"] != "running":
+                failed = info["state"] == "failed"
+                hint = " (restart_job brings a failed job back)" if failed else ""
                 raise JobStateError(
                     f"cannot reconnect: {job_type} job {job_id} is {info['state']}"
                     + (f" ({info['reason']})" if info.get("reason") else "")
+                    + hint
                 )
             self.job_ids[job_type] = job_id
 
@@ -163,14 +169,19 @@ class ArcticRLClient:
         batch: dict[str, Any],
         loss_fn: str = "grpo",
         loss_config: dict[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
-        """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...)."""
+        """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...).
+
+        A call repeated with the same ``request_id`` (default: a fresh one, also used by the
+        client's own retries) returns the first result and applies no second gradient.
+        """
         payload = {
             "job_id": self._job("training"),
             "batch": batch,
             "loss_fn": loss_fn,
             "loss_config": loss_config,
-            "request_id": uuid.uuid4().hex,
+            "request_id": request_id or uuid.uuid4().hex,
         }
         return dict(self._call_retrying("fwd_bwd", payload))
 
@@ -185,12 +196,17 @@ class ArcticRLClient:
         }
         return list(self.transport.call("fwd_no_grad", payload)["log_probs"])
 
-    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        """One optimizer step: ``global_step``, ``lr``, ``grad_norm``."""
+    def step(
+        self, learning_rate: float | None = None, request_id: str | None = None
+    ) -> dict[str, Any]:
+        """One optimizer step: ``global_step``, ``lr``, ``grad_norm``.
+
+        Repeating it with the same ``request_id`` returns the first result without a second step.
+        """
         payload = {
             "job_id": self._job("training"),
             "learning_rate": learning_rate,
-            "request_id": uuid.uuid4().hex,
+            "request_id": request_id or uuid.uuid4().hex,
         }
         return dict(self._call_retrying("step", payload))
 
@@ -295,6 +311,31 @@ class ArcticRLClient:
         """Reclaim the log-prob job's device memory."""
         return self._memory("wake_log_prob", "log_prob")
 
+    # --- faults -------------------------------------------------------------------------
+
+    def job_info(self, job_type: str) -> dict[str, Any]:
+        """The server's view of this client's ``job_type`` job (state, reason, global_step, ...)."""
+        return dict(self.transport.call("get_job", {"job_id": self._job(job_type)}))
+
+    def restart_job(self, job_type: str, *, sync_weights: bool = True) -> dict[str, Any]:
+        """Start a failed job again with the same id and wait until it runs.
+
+        Training comes back from its latest checkpoint. A sampling or log-prob job then gets
+        the training job's current weights (``sync_weights``) when this client has a running
+        training job. Returns the job's view.
+        """
+        job_id = self._job(job_type)
+        self.transport.call("restart_job", {"job_id": job_id})
+        self._wait_running(job_type, job_id)
+        trainer = self.job_ids.get("training")
+        if sync_weights and job_type != "training" and trainer is not None:
+            if self.transport.call("get_job", {"job_id": trainer})["state"] == "running":
+                self.transport.call(
+                    "sync_weights",
+                    {"training_job_id": trainer, f"{job_type}_job_ids": [job_id]},
+                )
+        return self.job_info(job_type)
+
     # --- state and teardown -------------------------------------------------------------
 
     def get_server_state(self) -> dict[str, Any]:
@@ -386,6 +427,8 @@ class AsyncArcticRLClient:
     wake_training = _to_thread(ArcticRLClient.wake_training)
     sleep_log_prob = _to_thread(ArcticRLClient.sleep_log_prob)
     wake_log_prob = _to_thread(ArcticRLClient.wake_log_prob)
+    job_info = _to_thread(ArcticRLClient.job_info)
+    restart_job = _to_thread(ArcticRLClient.restart_job)
     get_server_state = _to_thread(ArcticRLClient.get_server_state)
     close = _to_thread(ArcticRLClient.close)
     shutdown = _to_thread(ArcticRLClient.shutdown)

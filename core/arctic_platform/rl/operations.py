@@ -23,6 +23,7 @@ class Operation:
     method: str = "POST"
     idempotent: bool = False
     frames: bool = False  # request/response carry tensors: sent as safetensors frames
+    query: tuple[str, ...] = ()  # request fields also accepted as query parameters
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -32,6 +33,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get_job", "/job/{job_id}", wire.JobRequest, "GET", idempotent=True),
     Operation("initialize", "/initialize", wire.InitializeRequest),
     Operation("destroy", "/destroy", wire.JobRequest),
+    Operation("restart_job", "/restart", wire.JobRequest, query=("job_id",)),
     Operation("fwd_bwd", "/fwd-bwd", wire.FwdBwdRequest, frames=True),
     Operation("fwd_no_grad", "/fwd-no-grad", wire.FwdNoGradRequest, idempotent=True, frames=True),
     Operation("step", "/step", wire.StepRequest),

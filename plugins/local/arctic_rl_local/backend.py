@@ -1,7 +1,9 @@
 """The ``local`` backend: attach to the Arctic RL server at host:port, or launch one.
 
 A launched server is a detached ``arctic-rl serve`` process that outlives this client, so
-another process can reconnect; its token and log live in the server's run directory.
+another process can reconnect; its token, log and job table live in the server's run
+directory. When that directory holds the job table of a server that died, the new server is
+started with ``--resume`` and brings those jobs back with the same ids.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from arctic_platform.rl.errors import ArcticRLError, ServerError
 from arctic_platform.rl.interfaces import Backend, ClientTransport
 from arctic_platform.rl.plugins import get_registry
 from arctic_platform.rl.run_dirs import read_or_create_token, server_run_dir
+from arctic_platform.rl.server.job_table import state_path
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +148,9 @@ class LocalBackend(Backend):
         ]
         if not config.ray_auto_attach:
             cmd.append("--no-ray-auto-attach")
+        if state_path(self.run_dir).exists():  # a server ran here before: bring its jobs back
+            cmd += ["--resume", str(self.run_dir)]
+            logger.info("resuming the jobs of the earlier server in %s", self.run_dir)
         offset = log_path.stat().st_size if log_path.exists() else 0
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(

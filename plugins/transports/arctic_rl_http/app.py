@@ -189,6 +189,9 @@ class _Endpoint:
                 else:
                     payload = _decode_body(body, content_type)
             payload.update(request.path_params)
+            for name in self.op.query:  # e.g. POST /restart?job_id=3
+                if name in request.query_params:
+                    payload[name] = request.query_params[name]
             if self.op.name in INLINE_OPS:
                 result = self.server.handle(self.op.name, payload)
             else:
@@ -215,11 +218,14 @@ def _openapi_extra(op: Operation) -> dict[str, Any]:
     ref = {"$ref": f"#/components/schemas/{op.request.__name__}"}
     extra: dict[str, Any] = {}
     params = [p.strip("{}") for p in op.path.split("/") if p.startswith("{")]
-    if params:
+    if params or op.query:
         props = op.request.model_json_schema()["properties"]
         extra["parameters"] = [
             {"name": name, "in": "path", "required": True, "schema": props.get(name, {})}
             for name in params
+        ] + [
+            {"name": name, "in": "query", "required": False, "schema": props.get(name, {})}
+            for name in op.query
         ]
     if op.method != "GET":
         frame_doc = (

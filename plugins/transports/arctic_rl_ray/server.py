@@ -52,8 +52,13 @@ def serve(
     ray_address: str | None = None,
     op_timeout: float = 900.0,
     poll_interval: float = 0.5,
+    resume: bool = False,
+    settings: dict[str, Any] | None = None,
 ) -> None:
-    """Host ``RLServer`` as the detached actor ``arctic-rl-server`` until it is shut down."""
+    """Host ``RLServer`` as the detached actor ``arctic-rl-server`` until it is shut down.
+
+    With ``resume`` the server brings back the jobs of its job table in ``run_dir``.
+    """
     from arctic_platform.rl.server.ray_cluster import start_or_attach
 
     # start_or_attach sets Ray's environment (loopback only) before Ray is first imported
@@ -83,7 +88,13 @@ def serve(
             )
             .remote(
                 str(run_dir),
-                {"num_gpus": num_gpus, "op_timeout": op_timeout, "monitor_interval": 5.0},
+                {
+                    "num_gpus": num_gpus,
+                    "op_timeout": op_timeout,
+                    "monitor_interval": 5.0,
+                    "resume": resume,
+                    "settings": settings,
+                },
             )
         )
         ray.get(actor.handle.remote("health", None))

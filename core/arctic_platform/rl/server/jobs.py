@@ -1,7 +1,9 @@
 """Jobs: groups of EngineWorker actors in placement groups, and their lifecycle.
 
 States go ``pending → placing → initializing → running``; terminal states are ``failed``
-(with a reason), ``cancelled`` and ``terminated``. Ids are integers and never reused.
+(with a reason), ``cancelled`` and ``terminated``. Ids are integers and never reused, also
+across a server restart: every change is written to the durable job table (``job_table``),
+from which a restarted server brings its jobs back.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -24,10 +27,14 @@ from arctic_platform.rl.errors import (
     OperationTimeoutError,
     WorkerDiedError,
 )
+from arctic_platform.rl.server.job_table import JobRecord, JobTable, load_table, save_table
 
 logger = logging.getLogger(__name__)
 
 COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
+HF_EXPORT_DIR = "hf"
+"""Where a training checkpoint keeps its Hugging Face export (the deepspeed engine's layout);
+a restarted sampling or log-prob job loads it when it holds a ``config.json``."""
 
 
 class JobState(StrEnum):
@@ -96,21 +103,76 @@ class Job:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     cancel_requested: bool = False
     worker_pids: list[int] = field(default_factory=list)
+    global_step: int = 0
+    weights_from: str | None = None
+    synced_from: int | None = None
+    restarts: int = 0
+    launch_overrides: dict[str, Any] = field(default_factory=dict, repr=False)
+    listener: Callable[[Job], None] | None = field(default=None, repr=False)
 
     def set_state(self, state: JobState, reason: str | None = None) -> None:
-        """Move to ``state`` (terminal states are final)."""
+        """Move to ``state`` (terminal states are final) and record it in the job table."""
         if self.state.terminal:
             return
         self.state = state
         self.updated_at = time.time()
         if reason is not None:
             self.reason = reason
+        self.changed()
         logger.info(
             "job %d (%s): %s%s",
             self.job_id,
             self.job_type,
             state.value,
             f" ({reason.splitlines()[0]})" if reason else "",
+        )
+
+    def changed(self) -> None:
+        """Tell the job table that this job changed."""
+        if self.listener is not None:
+            self.listener(self)
+
+    def record(self) -> JobRecord:
+        """This job as the durable job table stores it."""
+        return JobRecord(
+            job_id=self.job_id,
+            job_type=self.job_type,
+            engine=self.engine,
+            config=self.config,
+            num_gpus=self.num_gpus,
+            state=self.state.value,
+            reason=self.reason,
+            latest_checkpoint=self.latest_checkpoint,
+            checkpoints=dict(self.checkpoints),
+            weight_version=self.weight_version,
+            weights_from=self.weights_from,
+            synced_from=self.synced_from,
+            global_step=self.global_step,
+            restarts=self.restarts,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+        )
+
+    @classmethod
+    def from_record(cls, record: JobRecord) -> Job:
+        """A job object for ``record`` (no workers yet)."""
+        return cls(
+            record.job_id,
+            record.job_type,
+            record.engine,
+            dict(record.config),
+            record.num_gpus,
+            state=JobState(record.state),
+            reason=record.reason,
+            weight_version=record.weight_version,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            latest_checkpoint=record.latest_checkpoint,
+            checkpoints=dict(record.checkpoints),
+            global_step=record.global_step,
+            weights_from=record.weights_from,
+            synced_from=record.synced_from,
+            restarts=record.restarts,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -125,6 +187,9 @@ class Job:
             "workers": len(self.workers),
             "worker_pids": list(self.worker_pids),
             "weight_version": self.weight_version,
+            "weights_from": self.weights_from,
+            "global_step": self.global_step,
+            "restarts": self.restarts,
             "model_name": self.config.get("model_name"),
             "colocate": bool(self.config.get("colocate")),
             "latest_checkpoint": self.latest_checkpoint,
@@ -136,17 +201,156 @@ class Job:
 class JobManager:
     """Creates jobs on Ray asynchronously and tracks their state."""
 
-    def __init__(self, run_dir: Path, op_timeout: float = 900.0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        op_timeout: float = 900.0,
+        server_settings: dict[str, Any] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.op_timeout = op_timeout
+        self.server_settings = dict(server_settings or {})
         self.jobs: dict[int, Job] = {}
         self._next_id = 1
         self._lock = threading.Lock()
+        self._table_lock = threading.Lock()
         self._colocation_group: Any = None
         self._colocation_bundles = 0
         self._threads: list[threading.Thread] = []
+        self._frozen = False  # set when the server stops: the table keeps the jobs' states
 
-    # --- lookup -------------------------------------------------------------------------
+    # --- the durable job table ------------------------------------------------------------
+
+    def persist(self, _job: Job | None = None) -> None:
+        """Write every job and the next id to the job table (atomically; never raises)."""
+        with self._table_lock:
+            if self._frozen:
+                return
+            try:
+                table = JobTable(
+                    next_job_id=self._next_id,
+                    server=self.server_settings,
+                    jobs=[job.record() for job in list(self.jobs.values())],
+                )
+                save_table(self.run_dir, table)
+            except Exception as exc:  # a full disk must not take the server down
+                logger.error("could not write the job table in %s: %s", self.run_dir, exc)
+
+    def load_previous(self, resume: bool) -> list[Job]:
+        """Take over the jobs of an earlier server with this run dir, with the same ids.
+
+        With ``resume`` the jobs that were not finished start again in the background
+        (training from its latest checkpoint); without it they turn ``failed`` with a reason
+        saying how to bring them back. Failed, cancelled and terminated jobs stay so. Returns
+        the jobs being restarted.
+        """
+        table = load_table(self.run_dir)
+        if table is None:
+            return []
+        restarted = []
+        with self._lock:
+            self._next_id = max(
+                [table.next_job_id, self._next_id, *(r.job_id + 1 for r in table.jobs)]
+            )
+            for record in table.jobs:
+                job = Job.from_record(record)
+                job.listener = self.persist
+                self.jobs[job.job_id] = job
+                if job.state.terminal:
+                    continue
+                if resume:
+                    restarted.append(job)
+                else:
+                    job.state = JobState.FAILED
+                    job.reason = (
+                        "the server was restarted without --resume; restart_job (POST /restart) "
+                        "or `arctic-rl serve --resume RUN_DIR` brings this job back"
+                    )
+        for job in restarted:
+            self._relaunch(job, why="the server was resumed")
+        self.persist()
+        if table.jobs:
+            logger.info(
+                "job table %s: %d job(s), %d restarting; next job id %d",
+                self.run_dir,
+                len(table.jobs),
+                len(restarted),
+                self._next_id,
+            )
+        return restarted
+
+    def restart(self, job_id: int) -> Job:
+        """Start a failed (or running) job again with the same id; returns at once.
+
+        Training starts from its latest checkpoint; sampling and log-prob from the newest
+        weights they can load (see ``_relaunch``). A destroyed job cannot be restarted.
+        """
+        job = self.get(job_id)
+        with job.lock:
+            if job.state in (JobState.CANCELLED, JobState.TERMINATED):
+                raise JobStateError(
+                    f"job {job_id} was {job.state.value} ({job.reason}); it cannot be restarted, "
+                    "create a new job instead"
+                )
+            if job.state not in (JobState.FAILED, JobState.RUNNING):
+                raise JobStateError(
+                    f"job {job_id} is {job.state.value}; only a failed or running job can be "
+                    "restarted"
+                )
+            self._release(job)
+            job.restarts += 1
+            self._relaunch(job, why="restart requested")
+        return job
+
+    def _relaunch(self, job: Job, why: str) -> None:
+        """Reset ``job`` to pending and launch it from the best state it has."""
+        job.state = JobState.PENDING
+        job.reason = None
+        job.cancel_requested = False
+        job.worker_pids = []
+        job.updated_at = time.time()
+        job.launch_overrides = self._restore_source(job)
+        logger.info(
+            "job %d (%s): starting again (%s) from %s",
+            job.job_id,
+            job.job_type,
+            why,
+            job.weights_from or "its config",
+        )
+        job.changed()
+        self._start_thread(job)
+
+    def _restore_source(self, job: Job) -> dict[str, Any]:
+        """Config fields that make ``job`` start from its newest saved state; sets weights_from.
+
+        Training: its latest checkpoint. Sampling/log-prob: the Hugging Face export inside the
+        latest checkpoint of the training job it was last synced from, else its own model.
+        The weight version only stays put when the job is back on the weights it started with.
+        """
+        if job.job_type == "training":
+            if job.latest_checkpoint and Path(job.latest_checkpoint).is_dir():
+                job.weights_from = f"checkpoint {job.latest_checkpoint}"
+                return {"checkpoint_path": job.latest_checkpoint}
+            job.weights_from = "model_name (no checkpoint was saved)"
+            job.global_step = 0
+            return {}
+        trainer = self.jobs.get(job.synced_from) if job.synced_from is not None else None
+        checkpoint = trainer.latest_checkpoint if trainer is not None else None
+        export = Path(checkpoint) / HF_EXPORT_DIR if checkpoint else None
+        if export is not None and (export / "config.json").is_file():
+            job.weight_version += 1
+            job.weights_from = (
+                f"checkpoint {checkpoint} of training job {trainer.job_id if trainer else '?'}"
+            )
+            return {"model_name": str(export)}
+        if job.weight_version > 0:
+            job.weight_version += 1
+            job.weights_from = "model_name (the synced weights were lost; sync again)"
+        else:
+            job.weights_from = "model_name"
+        return {}
+
+        # --- lookup -------------------------------------------------------------------------
 
     def get(self, job_id: int) -> Job:
         """The job with ``job_id``; JobNotFoundError if there is none."""
@@ -204,13 +408,20 @@ class JobManager:
             job_id = self._next_id
             self._next_id += 1
             job = Job(job_id, job_type, engine, parsed.model_dump(mode="json"), num_gpus)
+            job.weights_from = "model_name" if job_type != "training" else None
+            job.listener = self.persist
             self.jobs[job_id] = job
+        self.persist()
+        self._start_thread(job)
+        return job
+
+    def _start_thread(self, job: Job) -> None:
         thread = threading.Thread(
-            target=self._launch, args=(job,), daemon=True, name=f"launch-job-{job_id}"
+            target=self._launch, args=(job,), daemon=True, name=f"launch-job-{job.job_id}"
         )
+        self._threads = [t for t in self._threads if t.is_alive()]
         self._threads.append(thread)
         thread.start()
-        return job
 
     def _placement(self, job: Job) -> tuple[Any, list[float]]:
         """A placement group for ``job`` and the GPU fraction each of its workers asks for."""
@@ -288,7 +499,14 @@ class JobManager:
                     ),
                     name=None,
                 ).remote(
-                    job.job_type, job.engine, job.config, rank, world, index, str(work_dir), env
+                    job.job_type,
+                    job.engine,
+                    {**job.config, **job.launch_overrides},
+                    rank,
+                    world,
+                    index,
+                    str(work_dir),
+                    env,
                 )
                 workers.append(worker)
             job.workers = workers
@@ -307,6 +525,9 @@ class JobManager:
                     pending, num_returns=len(pending), timeout=min(1.0, remaining)
                 )
             job.worker_pids = [int(info["pid"]) for info in ray.get(refs)]
+            if job.job_type == "training" and job.launch_overrides.get("checkpoint_path"):
+                step = ray.get(workers[0].global_step.remote(), timeout=self.op_timeout)
+                job.global_step = int(step)
             job.set_state(JobState.RUNNING)
         except Exception as exc:
             logger.debug("job %d failed: %s", job.job_id, traceback.format_exc())
@@ -407,13 +628,23 @@ class JobManager:
             self._release(job)
         return job
 
-    def destroy_all(self) -> None:
-        """Destroy every job that is not finished yet."""
-        for job_id in list(self.jobs):
-            try:
-                self.destroy(job_id)
-            except Exception as exc:
-                logger.warning("destroying job %d failed: %s", job_id, exc)
+    def stop_all(self) -> None:
+        """Stop every job's workers and leave the job table as it is (for ``--resume``)."""
+        import ray
+
+        with self._table_lock:
+            self._frozen = True
+        for job in list(self.jobs.values()):
+            job.cancel_requested = True
+            if job.workers:
+                try:
+                    ray.get([w.close.remote() for w in job.workers], timeout=60)
+                except Exception as exc:
+                    logger.warning("job %d: close failed: %s", job.job_id, exc)
+            self._release(job)
+        self._remove_colocation_group()
+
+    def _remove_colocation_group(self) -> None:
         if self._colocation_group is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -422,3 +653,12 @@ class JobManager:
             except Exception:
                 pass
             self._colocation_group = None
+
+    def destroy_all(self) -> None:
+        """Destroy every job that is not finished yet."""
+        for job_id in list(self.jobs):
+            try:
+                self.destroy(job_id)
+            except Exception as exc:
+                logger.warning("destroying job %d failed: %s", job_id, exc)
+        self._remove_colocation_group()

@@ -55,13 +55,17 @@ class RLServer:
         monitor_interval: float = 5.0,
         sync_timeout: float = 120.0,
         sync_bucket_bytes: int = 256 * 1024 * 1024,
+        resume: bool = False,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.num_gpus = num_gpus
         self.ray_auto_attach = ray_auto_attach
         self.ray_address = ray_address
-        self.jobs = JobManager(self.run_dir, op_timeout=op_timeout)
+        self.resume = resume
+        settings = {"num_gpus": num_gpus, "op_timeout": op_timeout, **(settings or {})}
+        self.jobs = JobManager(self.run_dir, op_timeout=op_timeout, server_settings=settings)
         self.cluster: Any = None
         self.started_at = time.time()
         self.monitor_interval = monitor_interval
@@ -78,7 +82,11 @@ class RLServer:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> RLServer:
-        """Start or attach to Ray and begin watching job health."""
+        """Start or attach to Ray, take over the run dir's job table, watch job health.
+
+        Jobs of an earlier server in this run dir keep their ids: with ``resume`` they start
+        again from their latest checkpoints, without it they are marked failed (restartable).
+        """
         from arctic_platform.rl.server.ray_cluster import start_or_attach
 
         self.cluster = start_or_attach(
@@ -87,6 +95,7 @@ class RLServer:
             ray_auto_attach=self.ray_auto_attach,
             address=self.ray_address,
         )
+        self.jobs.load_previous(resume=self.resume)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="job-monitor")
         self._monitor.start()
         return self
@@ -99,9 +108,13 @@ class RLServer:
                 logger.warning("job monitor: %s", exc)
 
     def close(self) -> None:
-        """Destroy every job and leave Ray (a cluster started here stops with it)."""
+        """Stop every job's workers and leave Ray (a cluster started here stops with it).
+
+        The job table keeps the jobs' states, so ``serve --resume`` can bring them back; jobs
+        a client destroyed (``destroy``, ``shutdown``) stay terminated.
+        """
         self._stop.set()
-        self.jobs.destroy_all()
+        self.jobs.stop_all()
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster = None
@@ -120,7 +133,10 @@ class RLServer:
         started = time.monotonic()
         self._counts[name] += 1
         try:
-            return getattr(self, name)(request)
+            result = getattr(self, name)(request)
+            if isinstance(request, wire.SyncWeightsRequest):
+                self._record_sync(request, result)
+            return result
         except ArcticRLError:
             self._errors[name] += 1
             raise
@@ -185,6 +201,16 @@ class RLServer:
         self._idempotent.pop(request.job_id, None)
         return self.jobs.destroy(request.job_id).describe()
 
+    def restart_job(self, request: wire.JobRequest) -> dict[str, Any]:
+        """Start a failed job again with the same id; returns at once (poll ``get_job``).
+
+        Training comes back from its latest checkpoint; sampling and log-prob from the newest
+        weights they can load (``weights_from`` says which); ``sync_weights`` brings them the
+        trainer's current weights.
+        """
+        self._idempotent.pop(request.job_id, None)
+        return self.jobs.restart(request.job_id).describe()
+
     def shutdown(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
         """Destroy all jobs and ask the transport to stop serving."""
         self.jobs.destroy_all()
@@ -209,6 +235,18 @@ class RLServer:
         if request_id is None:
             return None
         return self._idempotent[job_id].get(request_id)
+
+    def _record_sync(self, request: wire.SyncWeightsRequest, result: dict[str, Any]) -> None:
+        """Note in the job table which trainer each target's weights came from."""
+        for job_id in [*request.sampling_job_ids, *request.log_prob_job_ids]:
+            job = self.jobs.jobs.get(job_id)
+            if job is not None:
+                job.synced_from = request.training_job_id
+                job.weights_from = (
+                    f"sync from training job {request.training_job_id} "
+                    f"(version {result.get('weight_version')})"
+                )
+                job.changed()
 
     # --- training -----------------------------------------------------------------------
 
@@ -255,6 +293,8 @@ class RLServer:
             results = self._all_ranks(job, "step", request.learning_rate)
             result = dict(results[0])
             self._remember(job.job_id, key, result)
+            job.global_step = int(result.get("global_step", job.global_step + 1))
+            job.changed()
             return result
 
     def checkpoint_root(self, job: Job) -> Path:
@@ -286,6 +326,8 @@ class RLServer:
             step = self.jobs.call(job, [job.workers[0].global_step.remote()], "save_checkpoint")[0]
             job.latest_checkpoint = str(paths[0])
             job.checkpoints[int(step)] = str(paths[0])
+            job.global_step = int(step)
+            job.changed()
             return {"path": str(paths[0]), "global_step": int(step)}
 
     def load_checkpoint(self, request: wire.LoadCheckpointRequest) -> dict[str, Any]:
@@ -310,6 +352,8 @@ class RLServer:
         with job.lock:
             steps = self._all_ranks(job, "load_checkpoint", str(target))
             self._idempotent.pop(job.job_id, None)
+            job.global_step = int(steps[0])
+            job.changed()
             return {"global_step": int(steps[0]), "path": str(target)}
 
     def empty_training_cache(self, request: wire.JobRequest) -> dict[str, Any]:

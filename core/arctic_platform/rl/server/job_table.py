@@ -1,0 +1,121 @@
+"""The server's durable job table: one small JSON file in its run directory.
+
+It holds what a restarted server needs to bring its jobs back with the same ids (configs,
+states, checkpoints, weight versions, the next id) and the settings it was served with. It is
+written atomically (temp file, fsync, ``os.replace``), readable by the owner only, and never
+holds a token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from arctic_platform.rl.errors import ArcticRLError
+
+STATE_FILE = "job_table.json"
+FORMAT_VERSION: Literal[1] = 1
+_SECRET_KEYS = frozenset(
+    {"token", "auth_token", "access_token", "api_token", "api_key", "secret", "password", "pat"}
+)
+
+
+class JobTableError(ArcticRLError):
+    """The job table file is missing, unreadable or not a job table."""
+
+
+class JobRecord(BaseModel):
+    """One job as the table stores it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int = Field(ge=1)
+    job_type: Literal["training", "sampling", "log_prob"]
+    engine: str
+    config: dict[str, Any]
+    num_gpus: int = Field(ge=1)
+    state: Literal[
+        "pending", "placing", "initializing", "running", "failed", "cancelled", "terminated"
+    ]
+    reason: str | None = None
+    latest_checkpoint: str | None = None
+    checkpoints: dict[int, str] = Field(default_factory=dict)
+    weight_version: int = Field(default=0, ge=0)
+    weights_from: str | None = None
+    synced_from: int | None = None
+    global_step: int = Field(default=0, ge=0)
+    restarts: int = Field(default=0, ge=0)
+    created_at: float
+    updated_at: float
+
+
+class JobTable(BaseModel):
+    """Every job of a server, the next job id, and the settings to serve again with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: Literal[1] = FORMAT_VERSION
+    next_job_id: int = Field(default=1, ge=1)
+    server: dict[str, Any] = Field(default_factory=dict)
+    jobs: list[JobRecord] = Field(default_factory=list)
+
+
+def scrub(value: Any) -> Any:
+    """``value`` with every secret-looking key (token, password, ...) removed, recursively."""
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items() if str(k).lower() not in _SECRET_KEYS}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def state_path(run_dir: Path) -> Path:
+    """Where the job table of the server with ``run_dir`` lives."""
+    return Path(run_dir) / STATE_FILE
+
+
+def save_table(run_dir: Path, table: JobTable) -> Path:
+    """Write ``table`` atomically with mode 0600; a crash leaves the old or the new file."""
+    path = state_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(scrub(table.model_dump(mode="json")), indent=1, sort_keys=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_table(run_dir: Path) -> JobTable | None:
+    """The job table in ``run_dir``, or None when there is none; JobTableError if it is bad."""
+    path = state_path(run_dir)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise JobTableError(f"cannot read the job table {path}: {exc}") from None
+    try:
+        return JobTable.model_validate_json(text)
+    except ValidationError as exc:
+        from arctic_platform.rl.wire import describe_errors
+
+        raise JobTableError(f"{path} is not a valid job table: {describe_errors(exc)}") from None
+
+
+__all__ = [
+    "JobRecord",
+    "JobTable",
+    "JobTableError",
+    "load_table",
+    "save_table",
+    "scrub",
+    "state_path",
+]

@@ -1,0 +1,403 @@
+"""Faults on CPU with a real ``arctic-rl serve`` process, real Ray, DeepSpeed and vLLM workers.
+
+One server (http transport, short ``--op-timeout``) holds two identical deterministic training
+jobs (R, the uninterrupted reference, and K, the one whose client and server get killed) and
+a sampling job S. The tests run in file order and share these jobs:
+
+1. a retried ``fwd_bwd``/``step`` (same request id) is applied once;
+2. K's client is SIGKILLed between ``fwd_bwd`` and ``step``; a new process finishes the run
+   and K's losses equal R's;
+3. a stopped (SIGSTOP) sampling worker makes ``generate`` time out naming job and operation
+   while ``/health`` and ``/status`` answer;
+4. a SIGKILLed sampling worker fails its job; ``restart_job`` brings it back;
+5. the server is SIGKILLed after a checkpoint; ``serve --resume RUN_DIR`` brings the jobs back
+   with the same ids and K continues from the saved step exactly as R did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from random import Random
+
+import psutil
+import pytest
+
+from arctic_platform.rl.client import ArcticRLClient
+from arctic_platform.rl.config import ArcticRLClientConfig
+from arctic_platform.rl.errors import ServerError
+from arctic_platform.rl.plugins import get_registry
+from arctic_platform.rl.run_dirs import read_or_create_token, server_run_dir
+from arctic_platform.rl.server.jobs import free_port
+
+pytestmark = pytest.mark.slow
+
+OP_TIMEOUT = 15.0
+LOSS = "cross_entropy"
+STEPS = 8  # the client-kill loop runs steps 1..STEPS-1 (step 0 is the retry test)
+PROMPTS = ["12 + 30 =", "the sum of digits"]
+GREEDY = {"n": 1, "max_tokens": 6, "temperature": 0.0}
+
+
+def _batch(i: int) -> dict:
+    """The deterministic batch of loop step ``i``."""
+    rng = Random(i)
+    rows = [[rng.randrange(3, 400) for _ in range(12)] for _ in range(4)]
+    return {"input_ids": rows, "loss_mask": [[0] * 4 + [1] * 8 for _ in rows]}
+
+
+@dataclass
+class Server:
+    """The ``arctic-rl serve`` process of this module and how to reach it."""
+
+    run_dir: Path
+    port: int
+    token: str
+    model: str
+    proc: subprocess.Popen | None = None
+    descendants: set[int] = field(default_factory=set)
+
+    def launch(self, *args: str) -> None:
+        log = (self.run_dir / "test-server.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "arctic_platform.rl.cli", "serve", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=dict(os.environ),
+        )
+        log.close()
+        transport = self.transport()
+        deadline = time.monotonic() + 180
+        while not transport.health():
+            assert self.proc.poll() is None, self.log_tail()
+            assert time.monotonic() < deadline, "server not healthy in 180 s\n" + self.log_tail()
+            time.sleep(0.5)
+        transport.close()
+
+    def remember_processes(self) -> None:
+        assert self.proc is not None
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            self.descendants.add(child.pid)
+
+    def transport(self):
+        return get_registry().get("transport", "http").create("127.0.0.1", self.port, self.token)
+
+    def log_tail(self) -> str:
+        text = (self.run_dir / "test-server.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-60:])
+
+    def config(self, **fields) -> ArcticRLClientConfig:
+        values = dict(
+            model_name=self.model,
+            comm_protocol="http",
+            host="127.0.0.1",
+            port=self.port,
+            training_gpus=0,
+            sampling_gpus=0,
+            log_prob_gpus=0,
+            ray_auto_attach=False,
+            server_logs=False,
+            startup_timeout=120,
+            job_ready_timeout=600,
+            full_determinism=True,
+            seed=7,
+            # eps=1 makes the update grow with the gradient, so a gradient applied twice shows
+            training_config={"optimizer": {"lr": 1e-2, "eps": 1.0, "gradient_clipping": None}},
+        )
+        values.update(fields)
+        return ArcticRLClientConfig(**values)
+
+
+def _alive(pids: set[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _reap(pids: set[int], grace: float = 30.0) -> None:
+    """Wait for ``pids`` (processes this module started) to exit; SIGKILL what is left."""
+    deadline = time.monotonic() + grace
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in _alive(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory):
+    home = tmp_path_factory.mktemp("arctic-home")
+    old = os.environ.get("ARCTIC_RL_HOME")
+    os.environ["ARCTIC_RL_HOME"] = str(home)
+    port = free_port()
+    run_dir = server_run_dir("127.0.0.1", port, "http")
+    run_dir.mkdir(parents=True)
+    token = read_or_create_token(run_dir / "token")
+    srv = Server(run_dir, port, token, tiny_model_path)
+    srv.launch(
+        "--host", "127.0.0.1", "--port", str(port), "--run-dir", str(run_dir),
+        "--token-file", str(run_dir / "token"), "--num-gpus", "3",
+        "--op-timeout", str(OP_TIMEOUT), "--no-ray-auto-attach",
+    )  # fmt: skip
+    yield srv
+    try:
+        if srv.proc is not None and srv.proc.poll() is None:
+            srv.remember_processes()
+            transport = srv.transport()
+            try:
+                transport.call("shutdown")
+            except Exception:
+                pass
+            transport.close()
+            try:
+                srv.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                srv.proc.kill()
+        _reap(srv.descendants)
+    finally:
+        if old is None:
+            os.environ.pop("ARCTIC_RL_HOME", None)
+        else:
+            os.environ["ARCTIC_RL_HOME"] = old
+
+
+@dataclass
+class Jobs:
+    reference: ArcticRLClient  # R: the uninterrupted run
+    killed: ArcticRLClient  # K: its client and its server get killed
+    sampler: ArcticRLClient  # S
+    losses: dict[int, float] = field(default_factory=dict)  # R's loss per loop step
+
+
+@pytest.fixture(scope="module")
+def jobs(server):
+    """R, K and S created together (they start in parallel), each driven by its own client."""
+    transport = server.transport()
+    payload = server.config(training_gpus=1, sampling_gpus=1).initialize_payload()
+    ids = {
+        name: transport.call("initialize", {"job_type": job_type, "config": payload})["job_id"]
+        for name, job_type in (("r", "training"), ("k", "training"), ("s", "sampling"))
+    }
+    transport.close()
+    clients = {
+        "r": ArcticRLClient(server.config(training_job_id=ids["r"]), progress=False),
+        "k": ArcticRLClient(server.config(training_job_id=ids["k"]), progress=False),
+        "s": ArcticRLClient(
+            server.config(sampling_gpus=1, sampling_job_id=ids["s"]), progress=False
+        ),
+    }
+    server.remember_processes()
+    yield Jobs(clients["r"], clients["k"], clients["s"])
+    for client in clients.values():
+        client.close()
+
+
+def test_fwd_bwd_and_step_retried_with_the_same_request_id_apply_once(jobs):
+    r, k = jobs.reference, jobs.killed
+    first = r.fwd_bwd(_batch(0), LOSS, request_id="fb-0")
+    retried = r.fwd_bwd(_batch(0), LOSS, request_id="fb-0")
+    assert retried["replayed"] is True and retried["loss"] == first["loss"]
+    stepped = r.step(request_id="st-0")
+    assert r.step(request_id="st-0") == {**stepped, "replayed": True}
+    assert r.job_info("training")["global_step"] == 1
+    jobs.losses[0] = first["loss"]
+
+    # K, identical to R, gets each call once: a doubled gradient would double grad_norm
+    once = k.fwd_bwd(_batch(0), LOSS, request_id="fb-0")
+    assert "replayed" not in once and once["loss"] == first["loss"]
+    assert k.step(request_id="st-0")["grad_norm"] == stepped["grad_norm"]
+    assert r.weight_norm()["training"] == k.weight_norm()["training"]
+
+
+LOOP = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from arctic_platform.rl.client import ArcticRLClient
+    from arctic_platform.rl.config import ArcticRLClientConfig
+
+    config_file, log_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    done = {}  # step -> phases recorded by earlier (killed) processes
+    if os.path.exists(log_file):
+        for line in open(log_file):
+            rec = json.loads(line)
+            done.setdefault(rec["i"], set()).add(rec["phase"])
+    start = min([i for i in range(1, steps) if "step" not in done.get(i, ())], default=steps)
+    client = ArcticRLClient(
+        ArcticRLClientConfig.model_validate_json(open(config_file).read()), progress=False
+    )
+    def record(**rec):
+        with open(log_file, "a") as f:
+            f.write(json.dumps(rec) + "\\n")
+            f.flush()
+            os.fsync(f.fileno())
+    for i in range(start, steps):
+        rng = __import__("random").Random(i)
+        rows = [[rng.randrange(3, 400) for _ in range(12)] for _ in range(4)]
+        batch = {"input_ids": rows, "loss_mask": [[0] * 4 + [1] * 8 for _ in rows]}
+        m = client.fwd_bwd(batch, "cross_entropy", request_id=f"fb-{i}")
+        record(i=i, phase="fwd_bwd", loss=m["loss"], replayed=m.get("replayed", False))
+        time.sleep(float(os.environ.get("LOOP_PAUSE", "0")))  # the window the test kills in
+        s = client.step(request_id=f"st-{i}")
+        record(i=i, phase="step", global_step=s["global_step"])
+    client.close()
+    """
+)
+
+
+def test_a_client_killed_mid_loop_is_replaced_and_the_losses_equal_an_uninterrupted_run(
+    jobs, tmp_path
+):
+    r, k = jobs.reference, jobs.killed
+    for i in range(1, STEPS):  # the uninterrupted run
+        jobs.losses[i] = r.fwd_bwd(_batch(i), LOSS, request_id=f"fb-{i}")["loss"]
+        r.step(request_id=f"st-{i}")
+
+    config_file, log_file = tmp_path / "reconnect.json", tmp_path / "loop.jsonl"
+    config_file.write_text(k.reconnect_config().model_dump_json())
+    command = [sys.executable, "-c", LOOP, str(config_file), str(log_file), str(STEPS)]
+    first = subprocess.Popen(command, env={**os.environ, "LOOP_PAUSE": "2"})
+    try:
+        deadline = time.monotonic() + 120
+        while '"i": 3, "phase": "fwd_bwd"' not in (
+            log_file.read_text() if log_file.exists() else ""
+        ):
+            assert first.poll() is None, "the loop process ended before it was killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)  # after fwd_bwd(3), before step(3)
+    finally:
+        first.kill()
+        first.wait()
+    assert k.job_info("training")["global_step"] == 3  # the gradient of step 3 is pending
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    losses = {rec["i"]: rec["loss"] for rec in records if rec["phase"] == "fwd_bwd"}
+    replayed = [rec["i"] for rec in records if rec.get("replayed")]
+    assert replayed == [3]  # the new process repeated fwd_bwd(3): answered, not applied again
+    assert [losses[i] for i in range(1, STEPS)] == [jobs.losses[i] for i in range(1, STEPS)]
+    assert k.job_info("training")["global_step"] == r.job_info("training")["global_step"] == STEPS
+    assert k.weight_norm()["training"] == r.weight_norm()["training"]
+
+
+def test_a_hung_engine_call_times_out_naming_job_and_operation_while_the_server_answers(
+    jobs, server
+):
+    s = jobs.sampler
+    assert s.generate(PROMPTS, GREEDY)["outputs"]
+    info = s.job_info("sampling")
+    pid = info["worker_pids"][0]
+    outcome: dict = {}
+
+    def call() -> None:
+        started = time.monotonic()
+        try:
+            outcome["result"] = s.generate(PROMPTS, GREEDY)
+        except ServerError as exc:
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - started
+
+    os.kill(pid, signal.SIGSTOP)  # a real hang: the worker process stops mid-service
+    try:
+        caller = threading.Thread(target=call)
+        caller.start()
+        probe = server.transport()
+        answers = 0
+        while caller.is_alive():
+            assert probe.health()
+            assert probe.call("status")["jobs"]
+            answers += 1
+            time.sleep(1.0)
+        probe.close()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    error = outcome.get("error")
+    assert isinstance(error, ServerError), outcome
+    assert error.status_code == 504 and error.code == "timeout"
+    assert "generate" in error.message and f"job {info['job_id']}" in error.message
+    assert answers >= 5  # /health and /status answered all along
+    assert s.generate(PROMPTS, GREEDY)["outputs"]  # the worker serves again once resumed
+
+
+def test_a_killed_sampling_worker_fails_its_job_and_restart_brings_it_back(jobs):
+    s = jobs.sampler
+    before = s.job_info("sampling")
+    os.kill(before["worker_pids"][0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    info = before
+    while info["state"] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        info = s.job_info("sampling")
+    assert info["state"] == "failed" and "died" in info["reason"]
+    with pytest.raises(ServerError) as refused:
+        s.generate(PROMPTS, GREEDY)
+    assert refused.value.status_code == 409
+
+    after = s.restart_job("sampling")
+    assert after["job_id"] == before["job_id"] and after["state"] == "running"
+    assert after["restarts"] == 1 and after["worker_pids"] != before["worker_pids"]
+    assert s.generate(PROMPTS, GREEDY)["outputs"][0]["completions"]
+
+
+def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_continues(jobs, server):
+    r, k, s = jobs.reference, jobs.killed, jobs.sampler
+    k.save_checkpoint()
+    saved = k.job_info("training")["global_step"]
+    assert saved == STEPS
+    # K goes one step past the checkpoint: the crash loses it
+    k.fwd_bwd(_batch(saved), LOSS)
+    k.step()
+    # R continues from the same state, uninterrupted: the losses K must reproduce
+    expected = []
+    for i in (saved, saved + 1):
+        expected.append(r.fwd_bwd(_batch(i), LOSS)["loss"])
+        r.step()
+    r.transport.call("destroy", {"job_id": r.job_ids["training"]})
+
+    table_file = server.run_dir / "job_table.json"
+    assert stat.S_IMODE(table_file.stat().st_mode) == 0o600
+    assert server.token not in table_file.read_text()
+
+    server.remember_processes()
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    _reap(server.descendants)  # Ray's processes go down with the server that started them
+    server.launch("--resume", str(server.run_dir))  # address, transport, token from the table
+
+    k2 = ArcticRLClient(k.reconnect_config(), progress=False)  # waits for the resumed job
+    s2 = ArcticRLClient(s.reconnect_config(), progress=False)
+    try:
+        states = {j["job_id"]: j for j in k2.get_server_state()["jobs"]}
+        assert states[r.job_ids["training"]]["state"] == "terminated"  # stays destroyed
+        assert k2.job_info("training")["global_step"] == saved
+        got = []
+        for i in (saved, saved + 1):
+            got.append(k2.fwd_bwd(_batch(i), LOSS)["loss"])
+            k2.step()
+        assert got == expected
+        assert s2.generate(PROMPTS, GREEDY)["outputs"]
+        table = json.loads(table_file.read_text())
+        assert table["next_job_id"] > max(j["job_id"] for j in table["jobs"])
+    finally:
+        k2.close()
+        s2.close()

@@ -1,0 +1,91 @@
+"""The durable job table: atomic private writes, validation, and taking over an earlier table."""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+
+import pytest
+
+from arctic_platform.rl.cli import main
+from arctic_platform.rl.server.job_table import (
+    JobRecord,
+    JobTable,
+    JobTableError,
+    load_table,
+    save_table,
+    scrub,
+    state_path,
+)
+from arctic_platform.rl.server.jobs import JobManager, JobState
+
+
+def _record(job_id: int, state: str, **extra) -> JobRecord:
+    now = time.time()
+    return JobRecord(
+        job_id=job_id,
+        job_type="training",
+        engine="deepspeed",
+        config={"model_name": "m", "training_gpus": 1},
+        num_gpus=1,
+        state=state,
+        created_at=now,
+        updated_at=now,
+        **extra,
+    )
+
+
+def test_a_saved_table_loads_back_equal_and_is_private(tmp_path):
+    table = JobTable(
+        next_job_id=4,
+        server={"port": 7001},
+        jobs=[_record(1, "running", latest_checkpoint="/c/1", checkpoints={3: "/c/1"})],
+    )
+    path = save_table(tmp_path, table)
+    assert path == state_path(tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_table(tmp_path) == table
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+
+def test_no_table_loads_as_none(tmp_path):
+    assert load_table(tmp_path) is None
+
+
+def test_a_corrupt_table_is_an_error_naming_the_field(tmp_path):
+    state_path(tmp_path).write_text(json.dumps({"next_job_id": 0, "jobs": []}))
+    with pytest.raises(JobTableError, match="next_job_id"):
+        load_table(tmp_path)
+    state_path(tmp_path).write_text("{not json")
+    with pytest.raises(JobTableError, match="not a valid job table"):
+        load_table(tmp_path)
+
+
+def test_secrets_are_never_written(tmp_path):
+    record = _record(1, "running")
+    record.config.update({"token": "s3cret", "vllm_config": {"api_key": "k", "max_tokens": 5}})
+    save_table(tmp_path, JobTable(jobs=[record]))
+    text = state_path(tmp_path).read_text()
+    assert "s3cret" not in text and '"k"' not in text and '"max_tokens": 5' in text
+    assert scrub({"Password": 1, "max_tokens_per_mb": 2}) == {"max_tokens_per_mb": 2}
+
+
+def test_a_server_without_resume_marks_unfinished_jobs_failed_and_never_reuses_ids(tmp_path):
+    save_table(
+        tmp_path,
+        JobTable(next_job_id=5, jobs=[_record(2, "running"), _record(4, "terminated")]),
+    )
+    manager = JobManager(tmp_path)
+    assert manager.load_previous(resume=False) == []
+    assert manager.jobs[2].state is JobState.FAILED
+    assert "--resume" in (manager.jobs[2].reason or "")
+    assert manager.jobs[4].state is JobState.TERMINATED
+    table = load_table(tmp_path)
+    assert table is not None and table.next_job_id == 5
+    assert {j.job_id: j.state for j in table.jobs} == {2: "failed", 4: "terminated"}
+
+
+def test_serve_resume_without_a_table_says_so(tmp_path, capsys):
+    assert main(["serve", "--resume", str(tmp_path)]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
