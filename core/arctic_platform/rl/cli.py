@@ -106,6 +106,8 @@ def _serve_settings(args: argparse.Namespace) -> None:
     for name, default in _SERVE_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, saved.get(name, default))
+    if saved.get("num_gpus"):  # the resumed jobs need at least the GPUs they had
+        args.num_gpus = max(int(args.num_gpus), int(saved["num_gpus"]))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -288,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         metavar="RUN_DIR",
         help="bring back the jobs of the server that ran in RUN_DIR (same ids, from their "
-        "latest checkpoints); its address, transport and token are reused unless given",
+        "latest checkpoints); its address, transport, token and GPU count are reused unless "
+        "given (never fewer GPUs than it had)",
     )
     serve.add_argument(
         "--num-gpus", type=int, help="logical GPUs for a fresh Ray cluster in CPU mode (default 1)"
