@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -62,7 +63,10 @@ def error_response(status: int, message: str, code: str, **extra: Any) -> Respon
 
 _ERRORS = {
     "401": {"description": "missing or refused token", "model": ErrorBody},
-    "404": {"description": "no such job (or not yours), sub-job, request or checkpoint"},
+    "404": {
+        "description": "no such job (or not yours), sub-job, request or checkpoint",
+        "model": ErrorBody,
+    },
     "409": {"description": "the job is not running, or a chunk group conflict", "model": ErrorBody},
     "413": {"description": "body over the size limit (chunk it)", "model": ErrorBody},
     "422": {"description": "invalid request; the message names the field", "model": ErrorBody},
@@ -87,6 +91,7 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
     """The platform API over ``service``."""
     app = FastAPI(
         title="Arctic RL platform (dss-platform protocol)",
+        generate_unique_id_function=lambda route: str(route.name),
         version=__version__,
         description=(
             "Jobs with typed sub-jobs on a shared cluster. Send 'Authorization: Bearer <token>'"
@@ -281,7 +286,32 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         """A request record: pending, running, done (with its result), failed or cancelled."""
         return json_response(service.get_request(who, job_id, request_id))
 
+    _install_security(app)
     return app
+
+
+def _install_security(app: FastAPI) -> None:
+    """Declare the bearer token (and the optional token-type header) in the OpenAPI document."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+        schemes["bearer"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "a user's personal access token from the server's --tokens file",
+        }
+        for path, methods in schema["paths"].items():
+            for operation in methods.values():
+                operation["security"] = [] if path == "/health" else [{"bearer": []}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "build_app", "error_response", "json_response"]

@@ -369,6 +369,34 @@ def test_two_users_run_jobs_side_by_side_and_cannot_see_each_other(alice, bob, p
     assert b.call("get_job", {"job_id": bob_number})["state"] == "running"
 
 
+def test_a_create_whose_answer_was_lost_makes_exactly_one_job(bob, tiny_model_path):
+    b = bob.transport
+    sub = {
+        "job_type": "training",
+        "model_name": tiny_model_path,
+        "training_config": {"n_gpus": 1},
+        "arctic_rl_config": {"job_ready_timeout": 120},
+    }
+    body = {"sub_job_configs": [sub], "job_id": "lost-answer-1"}
+    first = b.raw("POST", "/", json=body)  # created; the client is about to lose this answer
+    assert first.status_code == 201 and first.json()["status"] in ("pending", "placing")
+    again = b.raw("POST", "/", json=body)
+    assert again.status_code == 409 and again.json()["code"] == "job_exists"
+    assert b._after_lost_create("lost-answer-1", body)["job_id"] == "lost-answer-1"
+    ids = [j["job_id"] for j in b.call("status")["jobs"]]
+    assert ids.count("lost-answer-1") == 1 and len(ids) == 2
+    assert b.call("status")["capacity"]["available_gpus"] == 0  # the 4 GPUs are in use
+    cancelled = b.raw("POST", "/lost-answer-1:cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert b.raw("POST", "/lost-answer-1:cancel").status_code == 200  # idempotent
+
+
+def test_the_served_openapi_document_is_the_checked_in_one(platform):
+    served = httpx.get(f"http://127.0.0.1:{platform.port}/openapi.json").json()
+    doc = Path(__file__).resolve().parents[3] / "docs" / "platform-openapi.json"
+    assert served == json.loads(doc.read_text())
+
+
 # --- chunked frames and idempotency -------------------------------------------------------
 
 
@@ -507,4 +535,4 @@ def test_killing_the_platform_mid_request_gives_a_clear_error_and_creates_nothin
     with pytest.raises(ServerError) as info:
         alice.step()
     assert info.value.status_code == 409
-    assert len(bob.transport.call("status")["jobs"]) == 1
+    assert len(bob.transport.call("status")["jobs"]) == 2  # his job and the cancelled one
