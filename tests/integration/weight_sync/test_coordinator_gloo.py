@@ -98,19 +98,11 @@ def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False,
         if mode == "wrong_shape":
             expected["model.norm.weight"] = ((16,), "float32")
         if mode == "die":
-            from torch.distributed import TCPStore
+            # dies after accepting the plan and joining the transfer, before any bucket lands
+            def crash(*_args, **_kwargs):
+                os._exit(3)
 
-            t = coord.schedule.for_target(replica, tp_rank)
-            store = TCPStore(
-                "127.0.0.1",
-                t.port,
-                2,
-                False,
-                timeout=__import__("datetime").timedelta(seconds=TIMEOUT),
-            )
-            store.wait(["plan"])
-            store.set("ack", "ok")
-            os._exit(3)  # dies after accepting the plan, before any bucket arrives
+            coord._receive_buffers = crash
         received, _report = coord.receive(replica, tp_rank, expected=expected, shard=llama_tp_shard)
         full = _full_weights(version, shapes)
         tp = cfg.get("inference_tp", 1)

@@ -34,6 +34,8 @@ from arctic_platform.rl.weight_sync.buckets import (
     plan_to_json,
     unpack,
 )
+from arctic_platform.rl.weight_sync.buffers import BufferCache
+from arctic_platform.rl.weight_sync.channels import ChannelCache, PairChannel
 from arctic_platform.rl.weight_sync.schedule import Transfer, TransferSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,6 +55,7 @@ class SyncReport:
     buckets: int = 0
     seconds: float = 0.0
     targets: list[tuple[int, int]] = field(default_factory=list)
+    reused: int = 0  # pairs whose store and process group were kept from the last sync
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -67,6 +70,7 @@ class SyncReport:
             "seconds": self.seconds,
             "bandwidth_gbps": self.bandwidth_gbps,
             "targets": [list(t) for t in self.targets],
+            "reused": self.reused,
         }
 
 
@@ -96,6 +100,22 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _await_listener(host: str, port: int, deadline: float) -> None:
+    """Return once something accepts connections on ``host:port``; raise at ``deadline``."""
+    import socket
+
+    while True:
+        with socket.socket() as probe:
+            probe.settimeout(max(0.01, min(1.0, deadline - time.monotonic())))
+            try:
+                probe.connect((host, port))
+                return
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"nothing listened on {host}:{port}: {exc}") from None
+        time.sleep(0.005)
+
+
 class WeightSyncCoordinator:
     """One coordinator per process; call ``send`` on training ranks, ``receive`` on targets."""
 
@@ -108,6 +128,8 @@ class WeightSyncCoordinator:
         shared_memory: bool = False,
         shm_dir: str | Path = "/dev/shm",
         reuse_buffers: bool = False,
+        buffers: BufferCache | None = None,
+        channels: ChannelCache | None = None,
     ) -> None:
         self.config = config
         self.schedule = TransferSchedule.from_config(config)
@@ -115,9 +137,12 @@ class WeightSyncCoordinator:
         self.host = host
         self.shared_memory = shared_memory
         self.shm_dir = Path(shm_dir)
-        self.reuse_buffers = reuse_buffers
-        self._buffers: list[torch.Tensor] = []
-        self._buffers_key: Any = None
+        # kept packing/receive buffers (``reuse_buffers`` or a cache shared across syncs)
+        self.buffers = (
+            buffers if buffers is not None else (BufferCache() if reuse_buffers else None)
+        )
+        # pair worlds kept between syncs (None: each sync builds and closes its own)
+        self.channels = channels
 
     # --- sender -------------------------------------------------------------------------
 
@@ -130,6 +155,8 @@ class WeightSyncCoordinator:
         gathers in step); a rank with no target only consumes it.
         """
         transfers = self.schedule.for_sender(rank)
+        if self.channels is not None:
+            self.channels.retain(t.port for t in transfers)
         report = SyncReport(version)
         started = time.monotonic()
         named = [(name, t.detach()) for name, t in weights]
@@ -139,16 +166,16 @@ class WeightSyncCoordinator:
         tensors = dict(named)
         plan = plan_to_json(buckets, version)
         if len(transfers) == 1:
-            self._send_one(transfers[0], buckets, tensors, plan)
+            report.reused = int(self._send_one(transfers[0], buckets, tensors, plan, 0))
         else:  # one thread per target: each pair is its own world, they do not wait on each other
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=len(transfers)) as pool:
                 futures = [
-                    pool.submit(self._send_one, t, buckets, tensors, plan) for t in transfers
+                    pool.submit(self._send_one, t, buckets, tensors, plan, i)
+                    for i, t in enumerate(transfers)
                 ]
-                for future in futures:
-                    future.result()
+                report.reused = sum(int(future.result()) for future in futures)
         for transfer in transfers:
             report.targets.append(transfer.target)
             report.bytes += sum(b.nbytes for b in buckets)
@@ -161,6 +188,10 @@ class WeightSyncCoordinator:
 
         side = "sender" if master else "receiver"
         try:
+            if not master:
+                # wait for the sender's store to listen before connecting: TCPStore's own
+                # retry backs off for ~1 s, which dominated small syncs
+                _await_listener(self.host, transfer.port, time.monotonic() + self.timeout)
             return TCPStore(
                 self.host,
                 transfer.port,
@@ -192,34 +223,67 @@ class WeightSyncCoordinator:
             ) from None
 
     def _send_one(
-        self, transfer: Transfer, buckets: list[Bucket], tensors: dict[str, torch.Tensor], plan: str
-    ) -> None:
+        self,
+        transfer: Transfer,
+        buckets: list[Bucket],
+        tensors: dict[str, torch.Tensor],
+        plan: str,
+        index: int,
+    ) -> bool:
+        """One pair's transfer; True if it reused the kept pair world."""
         import torch
 
         target = f"the receiver (replica {transfer.replica}, tp_rank {transfer.tp_rank})"
-        store = self._open_store(transfer, master=True)
+        port = transfer.port
+        kept = self.channels.take(port, True) if self.channels is not None else None
+        channel = kept or PairChannel(port, True, self._open_store(transfer, master=True))
+        store = channel.store
         shm_path: Path | None = None
+        ok = False
         try:
+            # the receiver opens each sync with its channel id and sync number
+            channel_id, _, seq = self._wait_key(store, "hello", target, port).partition(":")
+            store.delete_key("hello")
+            ns = f"{channel_id}/{seq}/"
             mode = "shm" if self.shared_memory else "pg"
-            store.set("mode", mode)
-            store.set("plan", plan)
-            ack = self._wait_key(store, "ack", target, transfer.port)
+            device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+            pg_prefix = "keep"
+            if mode == "pg" and channel.pg_key != (channel_id, device.type):
+                channel.pg, channel.pg_key = None, None  # its peer is gone: a new one
+                channel.pg_count += 1
+                pg_prefix = f"pg/{channel_id}/{channel.pg_count}"
+            store.set(ns + "mode", mode)
+            store.set(ns + "pg", pg_prefix)
+            store.set(ns + "plan", plan)
+            ack = self._wait_key(store, ns + "ack", target, port)
             if ack != "ok":
                 raise WeightMismatchError(f"{target} rejected the weights: {ack}")
             if mode == "shm":
                 shm_path = self._write_shm(transfer, buckets, tensors)
-                store.set("shm", str(shm_path))
+                store.set(ns + "shm", str(shm_path))
             else:
-                device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
-                pg = self._process_group(store, 0, device, target, transfer.port)
-                self._send_buckets(pg, buckets, tensors, device, target)
-            done = self._wait_key(store, "done", target, transfer.port)
+                if pg_prefix != "keep":
+                    channel.pg = self._process_group(store, pg_prefix, 0, device, target, port)
+                    channel.pg_key = (channel_id, device.type)
+                self._send_buckets(channel.pg, buckets, tensors, device, target, f"pack{index}")
+            done = self._wait_key(store, ns + "done", target, port)
             if done != "ok":
                 raise WeightSyncError(f"{target} failed after receiving: {done}")
+            for key in ("mode", "pg", "plan", "ack", "shm", "done"):
+                store.delete_key(ns + key)
+            ok = True
         finally:
             if shm_path is not None and shm_path.exists():
                 shm_path.unlink(missing_ok=True)
-            del store
+            self._release(channel, ok)
+        return kept is not None and (mode == "shm" or pg_prefix == "keep")
+
+    def _release(self, channel: PairChannel, ok: bool) -> None:
+        """Keep the channel for the next sync after a good one; close it otherwise."""
+        if ok and self.channels is not None:
+            self.channels.put(channel)
+        else:
+            channel.close()
 
     def _send_buckets(
         self,
@@ -228,37 +292,42 @@ class WeightSyncCoordinator:
         tensors: dict[str, torch.Tensor],
         device: Any,
         target: str,
+        use: str,
     ) -> None:
-        """Send every bucket: big tensors straight from their memory, the rest packed into two
-        alternating buffers so packing one overlaps sending the other."""
-        import torch
-
-        packed = [b for b in buckets if direct_view(b, tensors) is None]
-        largest = max((b.nbytes for b in packed), default=0)
-        buffers = [
-            torch.empty(largest, dtype=torch.uint8, device=device)
-            for _ in range(min(2, len(packed)))
-        ]
-        slot_owner: dict[int, int] = {}  # buffer slot -> the bucket whose send uses it
+        """Send every bucket: big tensors straight from their memory, queued first so the wire
+        stays busy while the rest are packed into two alternating buffers (packing one
+        overlaps sending the other)."""
+        direct = {b.index: direct_view(b, tensors) for b in buckets}
+        packed = [b for b in buckets if direct[b.index] is None]
         # every send not yet waited on; each is waited on exactly once (a gloo send's
         # completion is consumed by the first wait: a second wait blocks until its timeout)
         in_flight: dict[int, Any] = {}
-        packed_count = 0
-        for k, bucket in enumerate(buckets):
-            buf = direct_view(bucket, tensors)
-            slot = None
-            if buf is None:
-                slot = packed_count % len(buffers)
-                packed_count += 1
-                previous = slot_owner.pop(slot, None)
-                if previous is not None and previous in in_flight:
-                    self._wait_work(in_flight.pop(previous), target, previous)
-                buf = pack(bucket, tensors, buffers[slot])
-            in_flight[k] = pg.send([buf], 1, k)
-            if slot is not None:
-                slot_owner[slot] = k
+        for bucket in buckets:
+            view = direct[bucket.index]
+            if view is not None:
+                in_flight[bucket.index] = pg.send([view], 1, bucket.index)
+        largest = max((b.nbytes for b in packed), default=0)
+        slots = min(2, len(packed))
+        buffers = self._buffers(use, [largest] * slots, str(device))
+        slot_owner: dict[int, int] = {}  # buffer slot -> the bucket whose send uses it
+        for n, bucket in enumerate(packed):
+            slot = n % slots
+            previous = slot_owner.pop(slot, None)
+            if previous is not None:
+                self._wait_work(in_flight.pop(previous), target, previous)
+            buf = pack(bucket, tensors, buffers[slot])
+            in_flight[bucket.index] = pg.send([buf], 1, bucket.index)
+            slot_owner[slot] = bucket.index
         for k, work in in_flight.items():
             self._wait_work(work, target, k)
+
+    def _buffers(self, use: str, sizes: list[int], device: str) -> list[torch.Tensor]:
+        """Kept buffers when this coordinator has a cache, else fresh ones."""
+        if self.buffers is not None:
+            return self.buffers.get(use, sizes, device)
+        import torch
+
+        return [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
 
     def _wait_work(self, work: Any, who: str, bucket: int) -> None:
         try:
@@ -268,18 +337,20 @@ class WeightSyncCoordinator:
         if ok is False:
             raise WeightSyncError(f"bucket {bucket}: {who} did not finish within {self.timeout}s")
 
-    def _process_group(self, store: Any, rank: int, device: Any, peer: str, port: int) -> Any:
+    def _process_group(
+        self, store: Any, prefix: str, rank: int, device: Any, peer: str, port: int
+    ) -> Any:
         try:
-            return self._new_process_group(store, rank, device)
+            return self._new_process_group(store, prefix, rank, device)
         except Exception as exc:
             raise WeightSyncError(
                 f"{peer} did not join the transfer on port {port} within {self.timeout}s: {exc}"
             ) from None
 
-    def _new_process_group(self, store: Any, rank: int, device: Any) -> Any:
+    def _new_process_group(self, store: Any, prefix_name: str, rank: int, device: Any) -> Any:
         from torch.distributed import PrefixStore
 
-        prefix = PrefixStore("pg", store)
+        prefix = PrefixStore(prefix_name, store)
         if getattr(device, "type", "cpu") == "cuda":
             from torch.distributed.distributed_c10d import ProcessGroupNCCL
 
@@ -311,17 +382,33 @@ class WeightSyncCoordinator:
     # --- receiver -----------------------------------------------------------------------
 
     def _receive_buffers(self, buckets: list[Bucket], device: str) -> list[torch.Tensor]:
-        """One buffer per bucket; with ``reuse_buffers`` the same ones serve every sync of the
+        """One buffer per bucket; with a buffer cache the same ones serve every sync of the
         same plan (no page faults), so returned tensors are valid until the next receive."""
-        import torch
+        return self._buffers("recv", [b.nbytes for b in buckets], device)
 
-        key = (tuple(b.nbytes for b in buckets), device)
-        if self.reuse_buffers and self._buffers_key == key:
-            return self._buffers
-        buffers = [torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in buckets]
-        if self.reuse_buffers:
-            self._buffers, self._buffers_key = buffers, key
-        return buffers
+    def _hello(self, transfer: Transfer, sender: str) -> tuple[PairChannel, str]:
+        """Open this sync on the kept channel (or a new one): returns it and the key prefix.
+
+        A kept channel whose sender went away fails its round trip at once (broken pipe);
+        it is then rebuilt once against whatever listens on the port now."""
+        port = transfer.port
+        kept = self.channels.take(port, False) if self.channels is not None else None
+        for channel in ([kept] if kept is not None else []) + [None]:
+            if channel is None:
+                channel = PairChannel(port, False, self._open_store(transfer, master=False))
+            try:
+                channel.store.add(f"{channel.channel_id}/alive", 1)  # a round trip
+                ns = f"{channel.channel_id}/{channel.seq}/"
+                channel.store.set("hello", f"{channel.channel_id}:{channel.seq}")
+                channel.seq += 1
+                return channel, ns
+            except Exception as exc:
+                channel.close()
+                if channel is not kept:
+                    raise WeightSyncError(
+                        f"the receiver could not reach {sender} on port {port}: {exc}"
+                    ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def receive(
         self,
@@ -341,21 +428,29 @@ class WeightSyncCoordinator:
 
         transfer = self.schedule.for_target(replica, tp_rank)
         sender = f"the sender (training rank {transfer.sender})"
+        port = transfer.port
         started = time.monotonic()
-        store = self._open_store(transfer, master=False)
+        if self.channels is not None:
+            self.channels.retain([port])
+        kept = self.channels.peek(port, False) if self.channels is not None else None
+        channel, ns = self._hello(transfer, sender)
+        reused = kept is not None and channel is kept
+        store = channel.store
+        ok = False
         try:
-            mode = self._wait_key(store, "mode", sender, transfer.port)
-            version, buckets = plan_from_json(self._wait_key(store, "plan", sender, transfer.port))
+            mode = self._wait_key(store, ns + "mode", sender, port)
+            pg_prefix = self._wait_key(store, ns + "pg", sender, port)
+            version, buckets = plan_from_json(self._wait_key(store, ns + "plan", sender, port))
             try:
                 check_plan(buckets, expected)
             except WeightMismatchError as exc:
-                store.set("ack", str(exc))
+                store.set(ns + "ack", str(exc))
                 raise
-            store.set("ack", "ok")
+            store.set(ns + "ack", "ok")
             received: list[tuple[str, torch.Tensor]] = []
             try:
                 if mode == "shm":
-                    path = self._wait_key(store, "shm", sender, transfer.port)
+                    path = self._wait_key(store, ns + "shm", sender, port)
                     total = sum(b.nbytes for b in buckets)
                     region = torch.from_file(
                         path, shared=False, size=max(total, 1), dtype=torch.uint8
@@ -365,10 +460,20 @@ class WeightSyncCoordinator:
                         received.extend(unpack(bucket, region[offset : offset + bucket.nbytes]))
                         offset += bucket.nbytes
                 else:
-                    pg = self._process_group(store, 1, torch.device(device), sender, transfer.port)
+                    if pg_prefix != "keep":
+                        channel.pg, channel.pg_key = None, None
+                        channel.pg = self._process_group(
+                            store, pg_prefix, 1, torch.device(device), sender, port
+                        )
+                        channel.pg_key = (channel.channel_id, torch.device(device).type)
+                    elif channel.pg is None:
+                        raise WeightSyncError(
+                            f"{sender} reused a transfer group this receiver does not have"
+                        )
                     buffers = self._receive_buffers(buckets, device)
                     works = [
-                        pg.recv([buf], 0, b.index) for b, buf in zip(buckets, buffers, strict=True)
+                        channel.pg.recv([buf], 0, b.index)
+                        for b, buf in zip(buckets, buffers, strict=True)
                     ]
                     for bucket, work in zip(buckets, works, strict=True):
                         self._wait_work(work, sender, bucket.index)
@@ -380,15 +485,18 @@ class WeightSyncCoordinator:
                     ]
             except Exception as exc:
                 try:
-                    store.set("done", f"{type(exc).__name__}: {exc}")
+                    store.set(ns + "done", f"{type(exc).__name__}: {exc}")
                 except Exception:
                     pass
                 raise
-            store.set("done", "ok")
+            store.set(ns + "done", "ok")
+            reused = reused and (mode == "shm" or pg_prefix == "keep")
+            ok = True
         finally:
-            del store
+            self._release(channel, ok)
         nbytes = sum(b.nbytes for b in buckets)
         report = SyncReport(
             version, nbytes, len(buckets), time.monotonic() - started, [(replica, tp_rank)]
         )
+        report.reused = int(reused)
         return received, report
