@@ -102,8 +102,13 @@ class EngineWorker:
         from arctic_platform.rl.config import WeightSyncConfig
         from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
 
+        channels, buffers = self._sync_caches()
         coordinator = WeightSyncCoordinator(
-            WeightSyncConfig(**sync_config), timeout=timeout, shared_memory=shared_memory
+            WeightSyncConfig(**sync_config),
+            timeout=timeout,
+            shared_memory=shared_memory,
+            channels=channels,
+            buffers=buffers,
         )
         with self._lock:
             report = coordinator.send(self.rank, self.engine.named_weights(), version=version)
@@ -116,19 +121,39 @@ class EngineWorker:
         version: int,
         timeout: float,
         shared_memory: bool,
+        strategy: str = "drain",
     ) -> dict[str, Any]:
-        """Receive all weights, then swap them in (after in-flight requests drain)."""
+        """Receive all weights, then swap them in (``drain``: after in-flight requests end)."""
         from arctic_platform.rl.config import WeightSyncConfig
         from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
+        from arctic_platform.rl.weight_sync.strategy import check_strategy
 
+        check_strategy(strategy)
+        channels, buffers = self._sync_caches()
         coordinator = WeightSyncCoordinator(
-            WeightSyncConfig(**sync_config), timeout=timeout, shared_memory=shared_memory
+            WeightSyncConfig(**sync_config),
+            timeout=timeout,
+            shared_memory=shared_memory,
+            channels=channels,
+            buffers=buffers,
         )
-        # full checkpoint tensors: vLLM's weight loaders cut their own tensor-parallel shards
+        # full checkpoint tensors: vLLM's weight loaders cut their own tensor-parallel shards;
+        # they are views into kept buffers, valid until the next sync (load_weights copies)
         received, report = coordinator.receive(replica, 0, expected=self._expected_weights())
         with self._lock:  # "drain": waits for the request in flight, then swaps
             self.engine.load_weights(received)
+        del received
         return report.as_dict()
+
+    def _sync_caches(self) -> tuple[Any, Any]:
+        """The pair worlds and buffers this worker keeps between weight syncs."""
+        from arctic_platform.rl.weight_sync.buffers import BufferCache
+        from arctic_platform.rl.weight_sync.channels import ChannelCache
+
+        if not hasattr(self, "_sync_channels"):
+            self._sync_channels = ChannelCache()
+            self._sync_buffers = BufferCache()
+        return self._sync_channels, self._sync_buffers
 
     def _expected_weights(self) -> Any:
         """Names and shapes the receiver checks a plan against: the model's checkpoint."""
