@@ -7,12 +7,23 @@ codes the http transport uses, so callers see one behaviour.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 from arctic_platform.rl.errors import ArcticRLError, ServerError, TransportError
 from arctic_platform.rl.interfaces import ClientTransport
 from arctic_rl_ray.server import ACTOR_NAME, ADDRESS_FILE, NAMESPACE
+
+
+def _listening(address: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class RayTransport(ClientTransport):
@@ -33,6 +44,11 @@ class RayTransport(ClientTransport):
         address = self._address()
         if address is None:
             raise TransportError(f"no Ray server address in {self.run_dir / ADDRESS_FILE}")
+        if not _listening(address):  # ray.init would wait minutes on a dead cluster's address
+            raise TransportError(
+                f"no Ray cluster answers at {address} (from {self.run_dir / ADDRESS_FILE}); "
+                "the server is down or still starting"
+            )
         from arctic_platform.rl.server.ray_cluster import prepare_ray
 
         token = self.run_dir / "ray_auth_token"

@@ -61,6 +61,7 @@ def serve(
     """
     from arctic_platform.rl.server.ray_cluster import start_or_attach
 
+    (run_dir / ADDRESS_FILE).unlink(missing_ok=True)  # a crashed server's address is stale
     # start_or_attach sets Ray's environment (loopback only) before Ray is first imported
     cluster = start_or_attach(
         num_gpus=num_gpus, run_dir=run_dir, ray_auto_attach=ray_auto_attach, address=ray_address
