@@ -416,9 +416,15 @@ class RLServer:
     # --- weights ------------------------------------------------------------------------
 
     def sync_weights(self, request: wire.SyncWeightsRequest) -> dict[str, Any]:
-        """Move the training weights into every target replica with the WeightSyncCoordinator."""
-        from arctic_platform.rl.config import WeightSyncConfig
+        """Move the training weights into every target replica with the WeightSyncCoordinator.
 
+        The pair worlds stay alive in the workers between syncs of the same trainer and
+        targets (same ports); after a failed sync, or for other targets, the next sync
+        builds new ones on fresh ports."""
+        from arctic_platform.rl.config import WeightSyncConfig
+        from arctic_platform.rl.weight_sync.strategy import DEFAULT_STRATEGY, check_strategy
+
+        strategy = check_strategy(getattr(request, "strategy", None) or DEFAULT_STRATEGY)
         trainer = self.jobs.running(request.training_job_id, "training")
         targets = [self.jobs.running(j, "sampling") for j in request.sampling_job_ids]
         targets += [self.jobs.running(j, "log_prob") for j in request.log_prob_job_ids]
@@ -426,28 +432,43 @@ class RLServer:
             raise InvalidRequestError("sync_weights needs at least one sampling or log-prob job")
         replicas = [(job, worker) for job in targets for worker in job.workers]
         zero = (trainer.config.get("ds_config") or {}).get("zero_optimization") or {}
-        sync = WeightSyncConfig(
-            training_sharding="fsdp" if int(zero.get("stage", 0) or 0) == 3 else "dp",
-            training_gpus=len(trainer.workers),
-            inference_replicas=len(replicas),
-            inference_tp=1,
-            base_port=free_port_range(len(replicas)),
-            bucket_size=self.sync_bucket_bytes,
-        )
         shared_memory = bool(trainer.config.get("colocate"))
+        sharding = "fsdp" if int(zero.get("stage", 0) or 0) == 3 else "dp"
+        # what the kept pair worlds were built for: same trainer workers, same targets
+        topology = (
+            len(trainer.workers),
+            tuple((job.job_id, len(job.workers)) for job in targets),
+            sharding,
+            shared_memory,
+            self.sync_bucket_bytes,
+        )
+        if not hasattr(self, "_sync_ports"):
+            self._sync_ports: dict[int, tuple[Any, int]] = {}  # trainer job -> topology, port
         version = max(job.weight_version for job in targets) + 1
         started = time.monotonic()
         with trainer.lock:
             for job in targets:
                 job.lock.acquire()
+            kept = self._sync_ports.pop(trainer.job_id, None)
             try:
+                base_port = kept[1] if kept and kept[0] == topology else None
+                sync = WeightSyncConfig(
+                    training_sharding=sharding,
+                    training_gpus=len(trainer.workers),
+                    inference_replicas=len(replicas),
+                    inference_tp=1,
+                    base_port=base_port or free_port_range(len(replicas)),
+                    bucket_size=self.sync_bucket_bytes,
+                )
                 data = sync.model_dump()
                 send = [
                     w.sync_send.remote(data, version, self.sync_timeout, shared_memory)
                     for w in trainer.workers
                 ]
                 receive = [
-                    w.sync_receive.remote(data, i, version, self.sync_timeout, shared_memory)
+                    w.sync_receive.remote(
+                        data, i, version, self.sync_timeout, shared_memory, strategy
+                    )
                     for i, (_, w) in enumerate(replicas)
                 ]
                 limit = self.sync_timeout * 2 + 30
@@ -459,6 +480,7 @@ class RLServer:
                     )
                 for job in targets:
                     job.weight_version = version
+                self._sync_ports[trainer.job_id] = (topology, sync.base_port)  # only if it worked
             finally:
                 for job in targets:
                     job.lock.release()
@@ -470,6 +492,8 @@ class RLServer:
             "seconds": seconds,
             "bandwidth_gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
             "path": "shared_memory" if shared_memory else "process_group",
+            "strategy": strategy,
+            "reused_connections": sum(int(r.get("reused", 0)) for r in reports),
             "jobs": {str(job.job_id): job.weight_version for job in targets},
         }
 
