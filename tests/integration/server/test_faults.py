@@ -22,15 +22,15 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from random import Random
 
-import psutil
 import pytest
+from fault_loop import LOSS
+from fault_loop import batch as _batch
+from processes import descendants, reap
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -42,17 +42,10 @@ from arctic_platform.rl.server.jobs import free_port
 pytestmark = pytest.mark.slow
 
 OP_TIMEOUT = 15.0
-LOSS = "cross_entropy"
+LOOP = Path(__file__).with_name("fault_loop.py")  # the killed client's program
 STEPS = 8  # the client-kill loop runs steps 1..STEPS-1 (step 0 is the retry test)
 PROMPTS = ["12 + 30 =", "the sum of digits"]
 GREEDY = {"n": 1, "max_tokens": 6, "temperature": 0.0}
-
-
-def _batch(i: int) -> dict:
-    """The deterministic batch of loop step ``i``."""
-    rng = Random(i)
-    rows = [[rng.randrange(3, 400) for _ in range(12)] for _ in range(4)]
-    return {"input_ids": rows, "loss_mask": [[0] * 4 + [1] * 8 for _ in rows]}
 
 
 @dataclass
@@ -64,7 +57,7 @@ class Server:
     token: str
     model: str
     proc: subprocess.Popen | None = None
-    descendants: set[int] = field(default_factory=set)
+    pids: set[int] = field(default_factory=set)  # processes under the server(s)
 
     def launch(self, *args: str) -> None:
         log = (self.run_dir / "test-server.log").open("ab")
@@ -87,8 +80,7 @@ class Server:
 
     def remember_processes(self) -> None:
         assert self.proc is not None
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            self.descendants.add(child.pid)
+        self.pids |= descendants(self.proc.pid)
 
     def transport(self):
         return get_registry().get("transport", "http").create("127.0.0.1", self.port, self.token)
@@ -117,29 +109,6 @@ class Server:
         )
         values.update(fields)
         return ArcticRLClientConfig(**values)
-
-
-def _alive(pids: set[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _reap(pids: set[int], grace: float = 30.0) -> None:
-    """Wait for ``pids`` (processes this module started) to exit; SIGKILL what is left."""
-    deadline = time.monotonic() + grace
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in _alive(pids):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +140,7 @@ def server(tiny_model_path, tmp_path_factory):
                 srv.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 srv.proc.kill()
-        _reap(srv.descendants)
+        reap(srv.pids)
     finally:
         if old is None:
             os.environ.pop("ARCTIC_RL_HOME", None)
@@ -227,41 +196,6 @@ def test_fwd_bwd_and_step_retried_with_the_same_request_id_apply_once(jobs):
     assert r.weight_norm()["training"] == k.weight_norm()["training"]
 
 
-LOOP = textwrap.dedent(
-    """
-    import json, os, sys, time
-    from arctic_platform.rl.client import ArcticRLClient
-    from arctic_platform.rl.config import ArcticRLClientConfig
-
-    config_file, log_file, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    done = {}  # step -> phases recorded by earlier (killed) processes
-    if os.path.exists(log_file):
-        for line in open(log_file):
-            rec = json.loads(line)
-            done.setdefault(rec["i"], set()).add(rec["phase"])
-    start = min([i for i in range(1, steps) if "step" not in done.get(i, ())], default=steps)
-    client = ArcticRLClient(
-        ArcticRLClientConfig.model_validate_json(open(config_file).read()), progress=False
-    )
-    def record(**rec):
-        with open(log_file, "a") as f:
-            f.write(json.dumps(rec) + "\\n")
-            f.flush()
-            os.fsync(f.fileno())
-    for i in range(start, steps):
-        rng = __import__("random").Random(i)
-        rows = [[rng.randrange(3, 400) for _ in range(12)] for _ in range(4)]
-        batch = {"input_ids": rows, "loss_mask": [[0] * 4 + [1] * 8 for _ in rows]}
-        m = client.fwd_bwd(batch, "cross_entropy", request_id=f"fb-{i}")
-        record(i=i, phase="fwd_bwd", loss=m["loss"], replayed=m.get("replayed", False))
-        time.sleep(float(os.environ.get("LOOP_PAUSE", "0")))  # the window the test kills in
-        s = client.step(request_id=f"st-{i}")
-        record(i=i, phase="step", global_step=s["global_step"])
-    client.close()
-    """
-)
-
-
 def test_a_client_killed_mid_loop_is_replaced_and_the_losses_equal_an_uninterrupted_run(
     jobs, tmp_path
 ):
@@ -272,7 +206,7 @@ def test_a_client_killed_mid_loop_is_replaced_and_the_losses_equal_an_uninterrup
 
     config_file, log_file = tmp_path / "reconnect.json", tmp_path / "loop.jsonl"
     config_file.write_text(k.reconnect_config().model_dump_json())
-    command = [sys.executable, "-c", LOOP, str(config_file), str(log_file), str(STEPS)]
+    command = [sys.executable, str(LOOP), str(config_file), str(log_file), str(STEPS)]
     first = subprocess.Popen(command, env={**os.environ, "LOOP_PAUSE": "2"})
     try:
         deadline = time.monotonic() + 120
@@ -381,7 +315,7 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
     assert server.proc is not None
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
-    _reap(server.descendants)  # Ray's processes go down with the server that started them
+    reap(server.pids)  # Ray's processes go down with the server that started them
     server.launch("--resume", str(server.run_dir))  # address, transport, token from the table
 
     k2 = ArcticRLClient(k.reconnect_config(), progress=False)  # waits for the resumed job
