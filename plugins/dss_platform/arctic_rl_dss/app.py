@@ -61,7 +61,7 @@ def error_response(status: int, message: str, code: str, **extra: Any) -> Respon
     return json_response({"message": message, "code": code, **extra}, status)
 
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     "401": {"description": "missing or refused token", "model": ErrorBody},
     "404": {
         "description": "no such job (or not yours), sub-job, request or checkpoint",
@@ -71,7 +71,7 @@ _ERRORS = {
     "413": {"description": "body over the size limit (chunk it)", "model": ErrorBody},
     "422": {"description": "invalid request; the message names the field", "model": ErrorBody},
 }
-_FRAME_BODY = {
+_FRAME_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {

@@ -1,10 +1,12 @@
 """Registers the ``dss-platform`` backend and its reference platform server."""
 
+from collections.abc import Iterator
+
 from arctic_platform.rl.plugins import BackendSpec, hookimpl
 
 
 @hookimpl
-def arctic_rl_register_backends():  # type: ignore[no-untyped-def]
+def arctic_rl_register_backends() -> Iterator[BackendSpec]:
     """The dss-platform backend: a remote platform speaking the DSS protocol."""
     yield BackendSpec(
         name="dss-platform",

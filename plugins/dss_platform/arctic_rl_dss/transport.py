@@ -488,7 +488,8 @@ class DssTransport(ClientTransport):
 
     def _op_log_probs(self, payload: dict[str, Any]) -> Any:
         sub = self._sub(payload["job_id"])
-        frame = {k: payload[k] for k in ("prompts", "completions", "top_k") if k in payload}
+        keys: tuple[str, ...] = ("prompts", "completions", "top_k")
+        frame = {k: payload[k] for k in keys if k in payload}
         return self._operation(sub, "log-probs", _b64_frame(frame))
 
     def _op_sync_weights(self, payload: dict[str, Any]) -> Any:
