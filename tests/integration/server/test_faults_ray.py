@@ -4,8 +4,9 @@ One deterministic training job K on a server started as ``arctic-rl serve --tran
 Clients are Ray drivers: a driver SIGKILLed between ``fwd_bwd`` and ``step`` is replaced by a
 new one that finishes the loop (the repeated ``fwd_bwd`` is answered, not applied again); then
 the serve process (and with it the Ray cluster and the server actor) is SIGKILLed after a
-checkpoint, ``serve --resume RUN_DIR`` brings K back with its id and it retraces the losses
-it had reached after that checkpoint.
+checkpoint; the next client's local backend finds the job table and starts ``serve --resume
+RUN_DIR``, which brings K back with its id, and K retraces the losses it had reached after
+that checkpoint.
 """
 
 from __future__ import annotations
@@ -147,9 +148,12 @@ def test_a_killed_ray_server_resumes_its_job_from_the_checkpoint_with_the_same_i
     state["proc"].send_signal(signal.SIGKILL)
     state["proc"].wait()
     reap(pids)  # the cluster went down with the process that started it
-    state["proc"] = _launch(run_dir, "--resume", str(run_dir))  # transport ray, from the table
 
+    # the local backend finds the dead server's job table and starts `serve --resume` itself
     client = ArcticRLClient(config.for_reconnect(training_job_id=job_id), progress=False)
+    server = client.backend.process  # type: ignore[attr-defined]
+    assert server is not None and "--resume" in server.args
+    state["proc"] = server
     try:
         assert client.job_info("training")["global_step"] == saved
         got = []

@@ -551,6 +551,7 @@ class JobManager:
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         limit = self.op_timeout if timeout is None else timeout
+        workers = job.workers  # the generation of workers these refs went to
         try:
             return list(ray.get(worker_refs, timeout=limit))
         except GetTimeoutError:
@@ -559,8 +560,7 @@ class JobManager:
             ) from None
         except RayActorError as exc:
             reason = f"a worker of job {job.job_id} died during {operation}: {_reason(exc)}"
-            job.set_state(JobState.FAILED, reason=reason)
-            self._release(job)
+            self._worker_died(job, workers, reason)
             raise WorkerDiedError(reason) from None
         except RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, Exception) else None
@@ -578,15 +578,20 @@ class JobManager:
         for job in list(self.jobs.values()):
             if job.state is not JobState.RUNNING:
                 continue
+            workers = job.workers
             try:
-                ray.get([w.ping.remote() for w in job.workers], timeout=30)
+                ray.get([w.ping.remote() for w in workers], timeout=30)
             except RayActorError as exc:
-                job.set_state(
-                    JobState.FAILED, reason=f"a worker of job {job.job_id} died: {_reason(exc)}"
-                )
-                self._release(job)
+                reason = f"a worker of job {job.job_id} died: {_reason(exc)}"
+                self._worker_died(job, workers, reason)
             except GetTimeoutError:
                 logger.warning("job %d: a worker did not answer a ping within 30 s", job.job_id)
+
+    def _worker_died(self, job: Job, workers: list[Any], reason: str) -> None:
+        """Fail ``job`` for a dead worker, unless it was restarted since (new workers)."""
+        if job.state is JobState.RUNNING and job.workers is workers:
+            job.set_state(JobState.FAILED, reason=reason)
+            self._release(job)
 
     # --- teardown -----------------------------------------------------------------------
 
