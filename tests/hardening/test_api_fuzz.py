@@ -1,8 +1,9 @@
 """Schemathesis fuzzing of the http server with three running jobs: no 5xx, no crash.
 
-Every operation of the OpenAPI document but ``shutdown`` and ``destroy`` (which would end the
-server and the jobs the fuzzing aims at) gets schema-valid and schema-breaking requests, a
-share of them aimed at the live jobs. Afterwards the jobs still run and still serve.
+Every operation of the OpenAPI document but ``shutdown``, ``destroy`` and ``restart_job``
+(which would end or restart the server and the jobs the fuzzing aims at) gets schema-valid
+and schema-breaking requests, a share of them aimed at the live jobs. Afterwards the jobs
+still run and still serve.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from fuzzing import examples_per_mode, fuzz_server
 
 pytestmark = pytest.mark.slow
 
-SKIP = frozenset({"shutdown", "destroy"})
+SKIP = frozenset({"shutdown", "destroy", "restart_job"})
 
 
 def test_fuzzing_every_operation_gives_no_server_error_and_the_jobs_keep_serving(live):
@@ -47,4 +48,12 @@ def test_destroy_of_a_job_that_does_not_exist_is_a_404_and_changes_nothing(live)
             answer = http.post("/destroy", json={"job_id": job_id})
             assert answer.status_code == 404 and "no job" in answer.json()["message"]
         assert http.post("/destroy", json={"job_id": -1}).status_code == 422
+    live.assert_healthy()
+
+
+def test_restart_of_a_job_that_does_not_exist_is_a_404(live):
+    with live.http() as http:
+        answer = http.post("/restart", params={"job_id": 10**9})
+        assert answer.status_code == 404, answer.text
+        assert http.post("/restart", params={"job_id": "x"}).status_code == 422
     live.assert_healthy()

@@ -29,6 +29,8 @@ KILL_FRACTIONS = (0.05, 0.3, 0.6, 0.85, 1.0, 1.3)
 """Where the SIGKILL lands, as fractions of the first save's duration (1.0 and past it: near
 the rename that publishes the save, or just after it)."""
 EVENT_TIMEOUT = 300.0
+DIST_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+"""Left out of the worker's environment: it is a world of its own (a fresh port)."""
 
 
 class Worker:
@@ -40,7 +42,7 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=dict(os.environ),
+            env={k: v for k, v in os.environ.items() if k not in DIST_ENV},
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stderr: list[str] = []
@@ -60,13 +62,20 @@ class Worker:
 
     def expect(self, event: str) -> dict[str, Any]:
         """The next event, which must be ``event``."""
-        try:
-            got = self.events.get(timeout=EVENT_TIMEOUT)
-        except queue.Empty:
-            self.kill()
-            raise AssertionError(
-                f"no {event!r} event within {EVENT_TIMEOUT}s; stderr:\n{''.join(self.stderr[-40:])}"
-            ) from None
+        deadline = time.monotonic() + EVENT_TIMEOUT
+        while True:
+            try:
+                got = self.events.get(timeout=1.0)
+                break
+            except queue.Empty:
+                exited = self.proc.poll() is not None and self.events.empty()
+                if exited or time.monotonic() > deadline:
+                    self.kill()
+                    time.sleep(0.5)  # let the stderr reader catch up
+                    raise AssertionError(
+                        f"no {event!r} event (worker exit code {self.proc.returncode}); "
+                        f"stderr:\n{''.join(self.stderr[-40:])}"
+                    ) from None
         assert got["event"] == event, (got, "".join(self.stderr[-40:]))
         return got
 

@@ -144,3 +144,10 @@ class CheckpointError(EngineError):
     """A checkpoint that cannot be written, found or restored."""
 
     code = "checkpoint_error"
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No complete checkpoint where the caller pointed: the caller's error, not the server's."""
+
+    status = 404
+    code = "checkpoint_not_found"

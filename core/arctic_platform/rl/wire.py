@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 JobType = Literal["training", "sampling", "log_prob"]
 JOB_TYPES: tuple[JobType, ...] = ("training", "sampling", "log_prob")
+CHECKPOINT_TAG_PATTERN = r"^[^./\\\x00][^/\\\x00]*$"
+"""A checkpoint tag is one visible directory name (no separator, no NUL, no leading dot)."""
 
 
 def describe_errors(exc: ValidationError) -> str:
@@ -62,7 +64,13 @@ class StepRequest(JobRequest):
 class SaveCheckpointRequest(JobRequest):
     """Save the training state under the job's checkpoint root as ``tag``."""
 
-    tag: str | None = Field(default=None, max_length=200)
+    tag: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=CHECKPOINT_TAG_PATTERN,
+        description="One directory name: no '/' or '\\', not starting with '.'.",
+    )
 
 
 class LoadCheckpointRequest(JobRequest):

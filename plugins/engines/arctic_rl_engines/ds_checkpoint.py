@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import CheckpointError
+from arctic_platform.rl.errors import CheckpointError, CheckpointNotFoundError
 from arctic_rl_engines.ds_model import CHECKPOINT_MARKER, HF_EXPORT_DIR
 
 DEEPSPEED_TAG = "deepspeed"
@@ -42,7 +42,9 @@ def read_marker(path: Path) -> dict[str, Any]:
     try:
         return dict(json.loads((path / CHECKPOINT_MARKER).read_text()))
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a complete Arctic RL checkpoint ({exc})") from exc
+        raise CheckpointNotFoundError(
+            f"{path} is not a complete Arctic RL checkpoint ({exc})"
+        ) from exc
 
 
 def write_marker(path: Path, meta: dict[str, Any]) -> None:
@@ -81,7 +83,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if (p / CHECKPOINT_MARKER).is_file():
         return p
     if not p.is_dir():
-        raise CheckpointError(f"no checkpoint at {p}: it does not exist")
+        raise CheckpointNotFoundError(f"no checkpoint at {p}: it does not exist")
     found: list[tuple[int, float, Path]] = []
     for child in p.iterdir():
         if child.name.startswith(".") or not (child / CHECKPOINT_MARKER).is_file():
@@ -92,7 +94,7 @@ def find_checkpoint(path: str | Path) -> Path:
             continue
         found.append((step, child.stat().st_mtime, child))
     if not found:
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"no complete checkpoint in {p} (a complete one holds {CHECKPOINT_MARKER})"
         )
     return max(found)[2]

@@ -93,6 +93,44 @@ def configure_process() -> int:
     return threads
 
 
+_LISTENERS: list[int] = []  # listening fds handed to rendezvous stores: open for life
+
+
+def loopback_store(timeout: Any) -> Any:
+    """The world's rendezvous TCPStore, listening on MASTER_ADDR only when that is loopback.
+
+    torch's own store listens on every interface whatever MASTER_ADDR says; rank 0 binds the
+    socket itself and hands it over, so a world on 127.0.0.1 is not reachable from outside.
+    Returns None when MASTER_ADDR is not a loopback address (torch's default applies).
+    """
+    import ipaddress
+
+    from torch.distributed import TCPStore
+
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    if rank != 0:
+        return TCPStore(host, port, world, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(max(128, world))
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()  # the store owns the listening socket from here on
+    _LISTENERS.append(fd)
+    return TCPStore(host, port, world, True, timeout=timeout, master_listen_fd=fd)
+
+
 def init_distributed() -> tuple[int, int]:
     """Initialise DeepSpeed's process group once (gloo on CPU); returns (rank, world size)."""
     from datetime import timedelta
@@ -105,6 +143,18 @@ def init_distributed() -> tuple[int, int]:
         backend = get_accelerator().communication_backend_name()
         if on_cpu():
             backend = "gloo"
+        timeout = timedelta(seconds=DIST_TIMEOUT_S)
+        store = loopback_store(timeout)
+        if store is not None:
+            dist.init_process_group(
+                backend=backend,
+                store=store,
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+                timeout=timeout,
+            )
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+            return dist.get_rank(), dist.get_world_size()
         deepspeed.init_distributed(
             dist_backend=backend,
             auto_mpi_discovery=False,
