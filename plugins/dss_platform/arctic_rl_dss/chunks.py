@@ -46,6 +46,13 @@ class RestartRequiredError(ArcticRLError):
     code = "chunk_group_restart_required"
 
 
+class ChunkLimitError(ArcticRLError):
+    """A user's unfinished uploads hold too many bytes (429)."""
+
+    status = 429
+    code = "too_many_pending_chunks"
+
+
 class ChunkHeader(BaseModel):
     """The header of one chunk envelope."""
 
@@ -137,9 +144,15 @@ class ChunkAssembler:
     after ``ttl`` seconds.
     """
 
-    def __init__(self, ttl: float = 3600.0, max_frame_bytes: int = 4 * 1024**3) -> None:
+    def __init__(
+        self,
+        ttl: float = 3600.0,
+        max_frame_bytes: int = 4 * 1024**3,
+        max_held_bytes: int = 2 * 1024**3,
+    ) -> None:
         self.ttl = ttl
         self.max_frame_bytes = max_frame_bytes
+        self.max_held_bytes = max_held_bytes
         self._groups: dict[tuple[str, str, str], _Group] = {}
         self._lock = threading.Lock()
 
@@ -184,6 +197,16 @@ class ChunkAssembler:
                     f"chunk {header.chunk_idx} of group {header.chunk_group_id!r} was already "
                     "received with other content"
                 )
+            if header.chunk_idx not in group.parts:
+                held = sum(
+                    len(p) for (o, _, _), g in self._groups.items() if o == owner
+                    for p in g.parts.values()
+                )  # fmt: skip
+                if held + len(data) > self.max_held_bytes:
+                    raise ChunkLimitError(
+                        f"your unfinished uploads already hold {held} bytes (limit "
+                        f"{self.max_held_bytes}); finish or abandon them first"
+                    )
             group.parts[header.chunk_idx] = data
             group.digests[header.chunk_idx] = header.chunk_sha256
             if len(group.parts) < header.total_chunks:

@@ -132,12 +132,19 @@ class PlatformService:
     """Jobs with typed sub-jobs, request records, chunked uploads, checkpoints; per user."""
 
     def __init__(
-        self, rl: Any, store: Store, users: Users, *, workers: int = 8, chunk_ttl: float = 3600.0
+        self,
+        rl: Any,
+        store: Store,
+        users: Users,
+        *,
+        workers: int = 8,
+        chunk_ttl: float = 3600.0,
+        max_held_bytes: int = 2 * 1024**3,
     ) -> None:
         self.rl = rl
         self.store = store
         self.users = users
-        self.chunks = ChunkAssembler(ttl=chunk_ttl)
+        self.chunks = ChunkAssembler(ttl=chunk_ttl, max_held_bytes=max_held_bytes)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="platform-req")
         self._futures: dict[str, Future[Any]] = {}
         self._results: OrderedDict[str, Any] = OrderedDict()
@@ -541,11 +548,21 @@ class PlatformService:
     # --- data plane ---------------------------------------------------------------------
 
     def _assemble(
-        self, user: str, job_id: str, body: bytes, operation: str, key_prefix: str
+        self,
+        user: str,
+        job_id: str,
+        body: bytes,
+        operation: str,
+        key_prefix: str,
+        chunked_only: bool = False,
     ) -> tuple[dict[str, Any] | None, Any, str | None, str | None]:
         """(answer to return now, or None; payload; idempotency key; frame SHA-256)."""
         decoded = decode_frame(body, as_lists=False)
         if not is_chunk(decoded):
+            if chunked_only:
+                raise ChunkError(
+                    f"{operation} takes chunk envelopes (the group id is the idempotency key)"
+                )
             return None, decode_frame(body), None, None
         header, data = open_chunk(decoded)
         if header.operation != operation:
@@ -574,11 +591,9 @@ class PlatformService:
     def forward_backward(self, user: str, job_id: str, body: bytes) -> dict[str, Any]:
         """One chunk of a forward-backward upload; the last one schedules it (at most once)."""
         self._job(user, job_id)
-        if not is_chunk(decode_frame(body, as_lists=False)):
-            raise ChunkError(
-                "forward-backward takes chunk envelopes (the group id is the idempotency key)"
-            )
-        answer, payload, key, sha = self._assemble(user, job_id, body, "forward-backward", "fb")
+        answer, payload, key, sha = self._assemble(
+            user, job_id, body, "forward-backward", "fb", chunked_only=True
+        )
         if answer is not None:
             return answer
         request = _validated(ForwardBackwardFrame, payload, "forward-backward frame")

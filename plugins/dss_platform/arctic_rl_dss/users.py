@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from arctic_platform.rl.errors import ArcticRLError, AuthError
 from arctic_rl_dss.models import TOKEN_TYPE, TOKEN_TYPE_HEADER
 
+logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 MIN_TOKEN_LENGTH = 16
 
@@ -100,6 +102,8 @@ class Users:
             raise TokensFileError(f"tokens file {path} does not exist") from None
         except (OSError, ValueError) as exc:
             raise TokensFileError(f"tokens file {path} is not readable JSON: {exc}") from None
+        if path.stat().st_mode & 0o077:
+            logger.warning("tokens file %s is readable by other users; chmod 600 it", path)
         return cls.from_data(data, str(path))
 
     def authenticate(self, authorization: str | None, token_type: str | None = None) -> User:

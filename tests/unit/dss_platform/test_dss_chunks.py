@@ -98,3 +98,18 @@ def test_a_body_that_is_not_a_chunk_envelope_is_a_clear_error():
         decode_chunk(encode_frame({"batch": {}}))
     with pytest.raises(FrameError):
         decode_chunk(b"\x00" * 16)
+
+
+def test_a_user_cannot_hold_more_unfinished_bytes_than_the_limit():
+    from arctic_rl_dss.chunks import ChunkLimitError
+
+    assembler = ChunkAssembler(max_held_bytes=5000)
+    chunks = encode_chunks(FRAME, "forward-backward", "g1", chunk_bytes=3000)
+    header, data = decode_chunk(chunks[0])
+    assembler.add("alice", "j1", header, data)
+    header, data = decode_chunk(chunks[1])
+    with pytest.raises(ChunkLimitError):
+        assembler.add("alice", "j1", header, data)
+    other = encode_chunks(FRAME, "forward-backward", "g2", chunk_bytes=3000)
+    header, data = decode_chunk(other[0])
+    assert assembler.add("bob", "j9", header, data) is None  # bob has his own allowance
