@@ -406,6 +406,19 @@ def test_a_create_whose_answer_was_lost_makes_exactly_one_job(bob, tiny_model_pa
     assert by_status == {"running": [b.job_id], "cancelled": ["lost-answer-1"], "failed": []}
 
 
+def test_a_job_that_cannot_be_placed_in_time_hits_job_ready_timeout(bob, platform):
+    assert bob.transport.call("status")["capacity"]["available_gpus"] == 0
+    config = _config(platform, "unused-model", sampling=0, log_prob=0)
+    with pytest.raises(JobError, match="job_ready_timeout"):
+        _client(config.model_copy(update={"job_ready_timeout": 2}), CAROL)
+    carol = platform.transport(CAROL)
+    try:
+        states = [j["status"] for j in carol.call("status")["jobs"]]
+    finally:
+        carol.close()
+    assert states[-1] in ("cancelled", "failed")  # nothing left holding or waiting for GPUs
+
+
 def test_the_served_openapi_document_is_the_checked_in_one(platform):
     served = httpx.get(f"http://127.0.0.1:{platform.port}/openapi.json").json()
     doc = Path(__file__).resolve().parents[3] / "docs" / "platform-openapi.json"
@@ -557,6 +570,7 @@ def test_killing_the_platform_mid_request_gives_a_clear_error_and_creates_nothin
     assert not thread.is_alive()
     listed = _records(t)
     status = next(r for r in listed if r["request_id"] == running["request_id"])["status"]
+    print(f"killed request ended {status}: {outcome}")
     if status == "failed":  # killed while running, as intended: a clear error, not a loss
         error = outcome["error"]
         assert isinstance(error, ServerError) and error.code == "server_restarted", error
