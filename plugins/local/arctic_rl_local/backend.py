@@ -2,8 +2,9 @@
 
 A launched server is a detached ``arctic-rl serve`` process that outlives this client, so
 another process can reconnect; its token, log and job table live in the server's run
-directory. When that directory holds the job table of a server that died, the new server is
-started with ``--resume`` and brings those jobs back with the same ids.
+directory. When a client that reconnects to job ids finds there the job table of a server
+that died, the new server is started with ``--resume`` and brings those jobs back with the
+same ids.
 """
 
 from __future__ import annotations
@@ -148,7 +149,9 @@ class LocalBackend(Backend):
         ]
         if not config.ray_auto_attach:
             cmd.append("--no-ray-auto-attach")
-        if state_path(self.run_dir).exists():  # a server ran here before: bring its jobs back
+        if config.reconnect_mode and state_path(self.run_dir).exists():
+            # a client of jobs whose server died: bring them back (a new run starts without
+            # them: they would hold GPUs its jobs need; they stay restartable)
             cmd += ["--resume", str(self.run_dir)]
             logger.info("resuming the jobs of the earlier server in %s", self.run_dir)
         offset = log_path.stat().st_size if log_path.exists() else 0

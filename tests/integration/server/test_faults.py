@@ -11,7 +11,8 @@ a sampling job S. The tests run in file order and share these jobs:
    while ``/health`` and ``/status`` answer;
 4. a SIGKILLed sampling worker fails its job; ``restart_job`` brings it back;
 5. the server is SIGKILLed after a checkpoint; ``serve --resume RUN_DIR`` brings the jobs back
-   with the same ids and K continues from the saved step exactly as R did.
+   with the same ids and K continues from the saved step exactly as R did;
+6. a SIGKILLed training worker fails K; ``restart_job`` brings it back at its checkpoint.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from arctic_platform.rl.server.jobs import free_port
 
 pytestmark = pytest.mark.slow
 
-OP_TIMEOUT = 15.0
+OP_TIMEOUT = 20.0  # short, for the hung-call test; long enough for every call here
 LOOP = Path(__file__).with_name("fault_loop.py")  # the killed client's program
 STEPS = 8  # the client-kill loop runs steps 1..STEPS-1 (step 0 is the retry test)
 PROMPTS = ["12 + 30 =", "the sum of digits"]
@@ -154,6 +155,8 @@ class Jobs:
     killed: ArcticRLClient  # K: its client and its server get killed
     sampler: ArcticRLClient  # S
     losses: dict[int, float] = field(default_factory=dict)  # R's loss per loop step
+    saved: int = 0  # K's checkpointed step, and R's losses from there (test 5)
+    expected: list[float] = field(default_factory=list)
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +177,9 @@ def jobs(server):
         ),
     }
     server.remember_processes()
-    yield Jobs(clients["r"], clients["k"], clients["s"])
-    for client in clients.values():
+    state = Jobs(clients["r"], clients["k"], clients["s"])
+    yield state
+    for client in [*clients.values(), state.killed, state.sampler]:
         client.close()
 
 
@@ -272,16 +276,21 @@ def test_a_hung_engine_call_times_out_naming_job_and_operation_while_the_server_
     assert s.generate(PROMPTS, GREEDY)["outputs"]  # the worker serves again once resumed
 
 
+def _kill_worker_and_wait_failed(client: ArcticRLClient, job_type: str) -> None:
+    """SIGKILL the first worker of ``client``'s ``job_type`` job; its job turns failed."""
+    info = client.job_info(job_type)
+    os.kill(info["worker_pids"][0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while info["state"] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        info = client.job_info(job_type)
+    assert info["state"] == "failed" and "died" in info["reason"]
+
+
 def test_a_killed_sampling_worker_fails_its_job_and_restart_brings_it_back(jobs):
     s = jobs.sampler
     before = s.job_info("sampling")
-    os.kill(before["worker_pids"][0], signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    info = before
-    while info["state"] != "failed" and time.monotonic() < deadline:
-        time.sleep(0.5)
-        info = s.job_info("sampling")
-    assert info["state"] == "failed" and "died" in info["reason"]
+    _kill_worker_and_wait_failed(s, "sampling")
     with pytest.raises(ServerError) as refused:
         s.generate(PROMPTS, GREEDY)
     assert refused.value.status_code == 409
@@ -320,18 +329,26 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
 
     k2 = ArcticRLClient(k.reconnect_config(), progress=False)  # waits for the resumed job
     s2 = ArcticRLClient(s.reconnect_config(), progress=False)
-    try:
-        states = {j["job_id"]: j for j in k2.get_server_state()["jobs"]}
-        assert states[r.job_ids["training"]]["state"] == "terminated"  # stays destroyed
-        assert k2.job_info("training")["global_step"] == saved
-        got = []
-        for i in (saved, saved + 1):
-            got.append(k2.fwd_bwd(_batch(i), LOSS)["loss"])
-            k2.step()
-        assert got == expected
-        assert s2.generate(PROMPTS, GREEDY)["outputs"]
-        table = json.loads(table_file.read_text())
-        assert table["next_job_id"] > max(j["job_id"] for j in table["jobs"])
-    finally:
-        k2.close()
-        s2.close()
+    jobs.killed, jobs.sampler = k2, s2  # for the next test; the fixture closes them
+    jobs.saved, jobs.expected = saved, expected
+    states = {j["job_id"]: j for j in k2.get_server_state()["jobs"]}
+    assert states[r.job_ids["training"]]["state"] == "terminated"  # stays destroyed
+    assert k2.job_info("training")["global_step"] == saved
+    got = []
+    for i in (saved, saved + 1):
+        got.append(k2.fwd_bwd(_batch(i), LOSS)["loss"])
+        k2.step()
+    assert got == expected
+    assert s2.generate(PROMPTS, GREEDY)["outputs"]
+    table = json.loads(table_file.read_text())
+    assert table["next_job_id"] > max(j["job_id"] for j in table["jobs"])
+
+
+def test_a_killed_training_worker_restarts_from_its_latest_checkpoint(jobs):
+    k = jobs.killed  # the resumed K, two steps past its checkpoint
+    before = k.job_info("training")
+    assert before["global_step"] == jobs.saved + 2
+    _kill_worker_and_wait_failed(k, "training")
+    after = k.restart_job("training")
+    assert after["state"] == "running" and after["global_step"] == jobs.saved
+    assert k.fwd_bwd(_batch(jobs.saved), LOSS)["loss"] == jobs.expected[0]
