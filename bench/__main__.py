@@ -21,6 +21,7 @@ BENCHMARKS = {
     "training_engine": {},
     "transport": {"transports": ("http", "ray")},
     "weight_sync": {},
+    "load": {},
 }
 
 
