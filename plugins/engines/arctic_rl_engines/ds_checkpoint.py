@@ -4,7 +4,9 @@ A checkpoint is a directory ``<root>/<tag>/`` holding ``deepspeed/`` (DeepSpeed'
 weights, optimizer, scheduler, step), ``rng/rank<r>.pt``, ``hf/`` (``save_pretrained``
 weights and tokenizer) and, written last, ``arctic_rl_checkpoint.json``. It is built in
 ``<root>/.<tag>.tmp`` and renamed into place, so a crash leaves either no checkpoint or a
-hidden temp directory that discovery ignores.
+hidden temp directory that discovery ignores. Replacing a tag renames the older copy to
+``.<tag>.old`` first; a crash between the two renames leaves no ``<tag>``, and discovery then
+takes the complete hidden copy (``stranded``) instead of losing the tag.
 """
 
 from __future__ import annotations
@@ -74,20 +76,51 @@ def publish(tmp: Path, final: Path) -> None:
         pass
 
 
+def stranded(final: Path) -> Path | None:
+    """The complete checkpoint a publish cut between its two renames left hidden, if any.
+
+    ``publish`` moves an older ``final`` to ``.final.old`` and then ``.final.tmp`` to
+    ``final``; a crash in between leaves no ``final`` but one or two complete hidden copies.
+    The new one (``.tmp``) is preferred, then the one it was replacing (``.old``).
+    """
+    if final.exists():
+        return None
+    for hidden in (temp_dir(final.parent, final.name), final.with_name(f".{final.name}.old")):
+        if (hidden / CHECKPOINT_MARKER).is_file():
+            return hidden
+    return None
+
+
+def _visible_name(child: Path) -> str | None:
+    """The checkpoint name a hidden ``.name.tmp``/``.name.old`` directory stands for."""
+    for suffix in (".tmp", ".old"):
+        if child.name.startswith(".") and child.name.endswith(suffix):
+            return child.name[1 : -len(suffix)] or None
+    return None
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """``path`` itself if it is a complete checkpoint, else its newest complete child.
 
-    Hidden directories (temp or replaced checkpoints) are never chosen.
+    Hidden directories (temp or replaced checkpoints) are chosen only when a publish was cut
+    short and left no visible checkpoint of that name (``stranded``).
     """
     p = Path(path)
     if (p / CHECKPOINT_MARKER).is_file():
         return p
     if not p.is_dir():
+        left = stranded(p)
+        if left is not None:
+            return left
         raise CheckpointNotFoundError(f"no checkpoint at {p}: it does not exist")
     found: list[tuple[int, float, Path]] = []
     for child in p.iterdir():
-        if child.name.startswith(".") or not (child / CHECKPOINT_MARKER).is_file():
+        if not (child / CHECKPOINT_MARKER).is_file():
             continue
+        if child.name.startswith("."):
+            name = _visible_name(child)
+            if name is None or stranded(p / name) != child:
+                continue
         try:
             step = int(read_marker(child).get("global_step", -1))
         except CheckpointError:
