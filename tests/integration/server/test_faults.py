@@ -303,6 +303,10 @@ def test_a_killed_sampling_worker_fails_its_job_and_restart_brings_it_back(jobs)
 
 def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_continues(jobs, server):
     r, k, s = jobs.reference, jobs.killed, jobs.sampler
+    sampler_id = s.job_ids["sampling"]
+    synced = k.transport.call(  # S serves K's weights: after the crash it loads K's checkpoint
+        "sync_weights", {"training_job_id": k.job_ids["training"], "sampling_job_ids": [sampler_id]}
+    )
     k.save_checkpoint()
     saved = k.job_info("training")["global_step"]
     assert saved == STEPS
@@ -334,6 +338,10 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
     states = {j["job_id"]: j for j in k2.get_server_state()["jobs"]}
     assert states[r.job_ids["training"]]["state"] == "terminated"  # stays destroyed
     assert k2.job_info("training")["global_step"] == saved
+    sampler = s2.job_info("sampling")
+    assert sampler["weights_from"].startswith("checkpoint ")  # K's checkpoint, not the base model
+    assert sampler["weight_version"] == synced["weight_version"] + 1  # a new version, honestly
+    assert s2.weight_norm()["sampling"] == pytest.approx(k2.weight_norm()["training"], rel=1e-5)
     got = []
     for i in (saved, saved + 1):
         got.append(k2.fwd_bwd(_batch(i), LOSS)["loss"])
