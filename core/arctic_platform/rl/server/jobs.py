@@ -331,7 +331,7 @@ class JobManager:
             if job.latest_checkpoint and Path(job.latest_checkpoint).is_dir():
                 job.weights_from = f"checkpoint {job.latest_checkpoint}"
                 return {"checkpoint_path": job.latest_checkpoint}
-            job.weights_from = "model_name (no checkpoint was saved)"
+            job.weights_from = "its config (no checkpoint was saved)"
             job.global_step = 0
             return {}
         trainer = self.jobs.get(job.synced_from) if job.synced_from is not None else None
@@ -350,7 +350,7 @@ class JobManager:
             job.weights_from = "model_name"
         return {}
 
-        # --- lookup -------------------------------------------------------------------------
+    # --- lookup -------------------------------------------------------------------------
 
     def get(self, job_id: int) -> Job:
         """The job with ``job_id``; JobNotFoundError if there is none."""
