@@ -282,9 +282,18 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         responses=_ERRORS,
         response_model=RequestView,
     )
-    def get_request(who: User, job_id: str, request_id: str) -> Response:
-        """A request record: pending, running, done (with its result), failed or cancelled."""
-        return json_response(service.get_request(who, job_id, request_id))
+    def get_request(
+        who: User,
+        job_id: str,
+        request_id: str,
+        wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0,
+    ) -> Response:
+        """A request record: pending, running, done (with its result), failed or cancelled.
+
+        ``wait_s`` holds an unfinished request's poll for up to that long (at most 10 s), so
+        the answer comes as soon as the work ends.
+        """
+        return json_response(service.get_request(who, job_id, request_id, wait_s))
 
     _install_security(app)
     return app

@@ -63,6 +63,8 @@ _RESERVED_IDS = frozenset({"capacity", "health", "docs", "redoc", "openapi.json"
 _JOB_ID_FIELDS = ("training_job_id", "sampling_job_id", "log_prob_job_id")
 _RESULT_CACHE = 256
 FRAME_RESULT = "arctic-rl-frame"
+MAX_POLL_WAIT = 10.0
+"""The longest a poll may hold for its request to end (``?wait_s=``)."""
 
 
 class SubJobNotFoundError(JobNotFoundError):
@@ -147,6 +149,7 @@ class PlatformService:
         self.chunks = ChunkAssembler(ttl=chunk_ttl, max_held_bytes=max_held_bytes)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="platform-req")
         self._futures: dict[str, Future[Any]] = {}
+        self._ended: dict[str, threading.Event] = {}
         self._results: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.RLock()
         self._create_lock = threading.Lock()
@@ -467,10 +470,20 @@ class PlatformService:
         request_id, replayed = self.store.add_request(user, job_id, operation, key, fingerprint)
         if not replayed:
             with self._lock:
+                self._ended[request_id] = threading.Event()
                 self._futures[request_id] = self._pool.submit(self._execute, request_id, run)
         return {"request_id": request_id, "job_id": job_id, "replayed": replayed}
 
     def _execute(self, request_id: str, run: Callable[[], Any]) -> None:
+        try:
+            self._run_request(request_id, run)
+        finally:
+            with self._lock:
+                ended = self._ended.pop(request_id, None)
+            if ended is not None:
+                ended.set()
+
+    def _run_request(self, request_id: str, run: Callable[[], Any]) -> None:
         self.store.set_request(request_id, "running")
         try:
             result = run()
@@ -513,6 +526,10 @@ class PlatformService:
             self.store.set_request(
                 request_id, "cancelled", error="cancelled before it ran", error_code="cancelled"
             )
+            with self._lock:
+                ended = self._ended.pop(request_id, None)
+            if ended is not None:
+                ended.set()
             return True
         return False
 
@@ -525,12 +542,23 @@ class PlatformService:
             raise ArcticRLError(f"the result of request {request_id} is no longer kept")
         return decode_frame(path.read_bytes())
 
-    def get_request(self, user: str, job_id: str, request_id: str) -> dict[str, Any]:
-        """A request record; once done its result is a base64 frame (``wire_format``)."""
+    def get_request(
+        self, user: str, job_id: str, request_id: str, wait: float = 0.0
+    ) -> dict[str, Any]:
+        """A request record; once done its result is a base64 frame (``wire_format``).
+
+        With ``wait`` > 0 an unfinished request is waited for up to that many seconds (at
+        most ``MAX_POLL_WAIT``), so a poll answers as soon as the work ends.
+        """
         self._job(user, job_id)
         record = self.store.request(user, job_id, request_id)
         if record is None:
             raise RequestNotFoundError(f"job {job_id!r} has no request {request_id!r}")
+        if wait > 0 and record["status"] in ("pending", "running"):
+            with self._lock:
+                ended = self._ended.get(request_id)
+            if ended is not None and ended.wait(min(wait, MAX_POLL_WAIT)):
+                record = self.store.request(user, job_id, request_id) or record
         view = {k: record[k] for k in ("request_id", "job_id", "operation", "status")}
         view.update(created_at=record["created_at"], updated_at=record["updated_at"])
         view.update(result=None, error=record["error"] or "")

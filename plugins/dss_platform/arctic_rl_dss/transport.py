@@ -213,11 +213,13 @@ class DssTransport(ClientTransport):
         last_note = time.monotonic()
         status = "pending"
         while True:
+            asked = time.monotonic()
             record = self._send(
                 "GET",
                 f"/{job_id}/requests/{request_id}",
                 what=f"polling {what}",
                 deadline=deadline,
+                params={"wait_s": round(min(interval, max(0.0, deadline - asked)), 3)},
             )
             status = str(record.get("status", "")).lower().removeprefix("request_state_")
             if status in ("done", "completed", "succeeded"):
@@ -241,7 +243,9 @@ class DssTransport(ClientTransport):
             if now - last_note > 30:
                 logger.info("%s: request %s still %s", what, request_id, status)
                 last_note = now
-            time.sleep(min(interval, max(0.0, deadline - now)))
+            # A platform that held the poll (wait_s) already spent the interval; one that
+            # answered at once is not polled faster than the backoff allows.
+            time.sleep(max(0.0, min(interval - (now - asked), deadline - now)))
             interval = min(settings.maximum, interval * settings.factor)
 
     def _submitted(self, answer: Any, job_id: str, what: str) -> Any:

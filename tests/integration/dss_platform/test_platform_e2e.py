@@ -530,6 +530,23 @@ def test_a_chunked_generate_frame_is_reassembled(alice, platform):
     assert [r["operation"] for r in _records(alice.transport)].count("generate") >= 1
 
 
+def test_a_poll_with_wait_s_answers_when_the_request_ends(alice):
+    t = alice.transport
+    sampling = t.sub_jobs[alice.job_ids["sampling"]].sub_job_id
+    frame = encode_frame(
+        {
+            "prompts": PROMPTS * 20,
+            "sampling_params": {"n": 2, "max_tokens": 100, "min_tokens": 100},
+            "sub_job_id": sampling,
+        }
+    )
+    submitted = t.raw("POST", f"/{t.job_id}/generate", content=frame).json()
+    url = f"/{t.job_id}/requests/{submitted['request_id']}"
+    assert t.raw("GET", url).json()["status"] in ("pending", "running")
+    held = t.raw("GET", url, params={"wait_s": 30})
+    assert held.json()["status"] == "done", held.text[:300]
+
+
 def _records(transport: DssTransport) -> list[dict]:
     return transport.raw("GET", f"/{transport.job_id}/requests").json()["requests"]
 
