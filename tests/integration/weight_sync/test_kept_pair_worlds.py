@@ -35,7 +35,7 @@ def _config(port: int):
     return WeightSyncConfig(training_gpus=1, inference_replicas=1, base_port=port, bucket_size=2048)
 
 
-def _sender(port, commands, results):
+def _sender(port, commands, results, shm=False):
     """Sends the weights of each version it is given, keeping its pair worlds."""
     import torch
 
@@ -47,7 +47,7 @@ def _sender(port, commands, results):
     channels, buffers = ChannelCache(), BufferCache()
     while (version := commands.get()) is not None:
         coord = WeightSyncCoordinator(
-            _config(port), timeout=TIMEOUT, channels=channels, buffers=buffers
+            _config(port), timeout=TIMEOUT, channels=channels, buffers=buffers, shared_memory=shm
         )
         try:
             report = coord.send(0, _weights(version).items(), version=version)
@@ -56,7 +56,7 @@ def _sender(port, commands, results):
             results.put(("sender", version, "error", f"{type(exc).__name__}: {exc}"))
 
 
-def _receiver(port, commands, results):
+def _receiver(port, commands, results, shm=False):
     """Receives each version it is given and checks it bit for bit; "die" crashes mid-way."""
     import torch
 
@@ -69,7 +69,7 @@ def _receiver(port, commands, results):
     while (command := commands.get()) is not None:
         version, die = command
         coord = WeightSyncCoordinator(
-            _config(port), timeout=TIMEOUT, channels=channels, buffers=buffers
+            _config(port), timeout=TIMEOUT, channels=channels, buffers=buffers, shared_memory=shm
         )
         if die:  # joined the transfer and accepted the plan; no bucket has landed yet
 
@@ -89,9 +89,9 @@ def _receiver(port, commands, results):
 
 
 class _Side:
-    def __init__(self, ctx, target, port, results):
+    def __init__(self, ctx, target, port, results, shm=False):
         self.commands = ctx.Queue()
-        self.process = ctx.Process(target=target, args=(port, self.commands, results))
+        self.process = ctx.Process(target=target, args=(port, self.commands, results, shm))
         self.process.start()
 
     def stop(self):
@@ -107,6 +107,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _sync(results, sender, receiver, version, die=False, expect=2):
+    sender.commands.put(version)
+    receiver.commands.put((version, die))
+    out = {}
+    for _ in range(expect):
+        try:
+            kind, v, status, info = results.get(timeout=TIMEOUT * 4)
+        except queue.Empty:
+            break
+        assert v == version
+        out[kind] = (status, info)
+    return out
+
+
 def test_pair_worlds_are_kept_and_rebuilt_after_failures():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -114,17 +128,7 @@ def test_pair_worlds_are_kept_and_rebuilt_after_failures():
     sides: list[_Side] = []
 
     def sync(sender, receiver, version, die=False, expect=2):
-        sender.commands.put(version)
-        receiver.commands.put((version, die))
-        out = {}
-        for _ in range(expect):
-            try:
-                kind, v, status, info = results.get(timeout=TIMEOUT * 4)
-            except queue.Empty:
-                break
-            assert v == version
-            out[kind] = (status, info)
-        return out
+        return _sync(results, sender, receiver, version, die, expect)
 
     try:
         s1 = _Side(ctx, _sender, port, results)
@@ -148,6 +152,22 @@ def test_pair_worlds_are_kept_and_rebuilt_after_failures():
         sides.append(s2)
         assert sync(s2, r2, 6) == {"sender": ("ok", 0), "receiver": ("ok", 0)}
         assert sync(s2, r2, 7) == {"sender": ("ok", 1), "receiver": ("ok", 1)}
+    finally:
+        for side in sides:
+            side.stop()
+
+
+def test_shared_memory_pairs_are_kept_too():
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    sides = [
+        _Side(ctx, _sender, port, results, shm=True),
+        _Side(ctx, _receiver, port, results, shm=True),
+    ]
+    try:
+        assert _sync(results, *sides, 1) == {"sender": ("ok", 0), "receiver": ("ok", 0)}
+        assert _sync(results, *sides, 2) == {"sender": ("ok", 1), "receiver": ("ok", 1)}
     finally:
         for side in sides:
             side.stop()
