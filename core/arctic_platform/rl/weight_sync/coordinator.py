@@ -5,7 +5,9 @@ carries the bucket plan and the acknowledgements, a world-of-two process group (
 CPU, NCCL for CUDA tensors) carries the bytes, double-buffered so packing bucket k+1 overlaps
 sending bucket k. Colocated pairs move the bytes through a shared-memory file instead.
 Every wait has a timeout and a message naming the side that did not arrive; a receiver
-hands out tensors only after every bucket arrived, so a failed sync changes nothing.
+hands out tensors only after every bucket arrived, so a failed sync changes nothing. With a
+``ChannelCache`` the pair worlds outlive a sync (see ``channels.py``), with a
+``BufferCache`` the packing and receive buffers do.
 """
 
 from __future__ import annotations
