@@ -12,6 +12,7 @@ import re
 import stat
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -185,6 +186,26 @@ def test_a_pickle_in_a_request_is_never_loaded(live, tmp_path, content_type):
             assert 400 <= answer.status_code < 500, (path, answer.status_code, answer.text)
             assert "message" in answer.json()
     assert not tripwire.exists(), "the server unpickled a request body"
+    live.assert_healthy()
+
+
+@pytest.mark.parametrize("depth", [2_000, 200_000])
+def test_deeply_nested_bodies_are_refused_without_a_server_error(live, depth):
+    from safetensors.numpy import save
+
+    training = live.job_ids["training"]
+    nested = "[" * depth + "]" * depth
+    body = f'{{"job_id": {training}, "batch": {{"input_ids": {nested}}}}}'
+    frame = save({"t": np.zeros(1)}, metadata={"arctic_rl.skeleton": body})
+    with live.http() as http:
+        as_json = http.post(
+            "/fwd-bwd", content=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        as_frame = http.post(
+            "/fwd-bwd", content=frame, headers={"Content-Type": FRAME_CONTENT_TYPE}
+        )
+    assert 400 <= as_json.status_code < 500 and "nested" in as_json.json()["message"]
+    assert as_frame.status_code == 422 and "nested" in as_frame.json()["message"]
     live.assert_healthy()
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from arctic_platform.rl.protocol import (
+    MAX_NESTING,
     BatchError,
     FrameError,
     decode_frame,
@@ -44,6 +45,23 @@ def test_float_ragged_rows_keep_float32_values():
 def test_corrupt_frames_raise_frame_error(data):
     with pytest.raises(FrameError):
         decode_frame(data)
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 900, 100_000])
+def test_a_skeleton_nested_too_deeply_is_a_frame_error_not_a_recursion_error(depth):
+    from safetensors.numpy import save
+
+    skeleton = "[" * depth + "]" * depth
+    frame = save({"t": np.zeros(1)}, metadata={"arctic_rl.skeleton": skeleton})
+    with pytest.raises(FrameError, match="nested"):
+        decode_frame(frame)
+
+
+def test_a_skeleton_at_the_nesting_limit_decodes():
+    value: object = 1
+    for _ in range(MAX_NESTING - 1):
+        value = [value]
+    assert decode_frame(encode_frame({"v": value}))["v"] == value
 
 
 def test_frame_without_skeleton_is_rejected():

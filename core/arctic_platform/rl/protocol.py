@@ -21,6 +21,9 @@ _SKELETON_KEY = "arctic_rl.skeleton"
 _TENSOR = "__tensor__"
 _RAGGED = "__ragged__"
 
+MAX_NESTING = 64
+"""Deepest nesting a frame's skeleton may have; real payloads need a handful of levels."""
+
 BATCH_FIELDS = ("input_ids", "loss_mask", "advantages", "old_log_probs", "ref_log_probs")
 PER_TOKEN_FIELDS = ("loss_mask", "old_log_probs", "ref_log_probs")
 
@@ -103,6 +106,8 @@ def decode_frame(data: bytes, *, as_lists: bool = True) -> Any:
     try:
         header = json.loads(data[8 : 8 + header_len])
         tensors = load(data)
+    except RecursionError:
+        raise FrameError("frame header is nested too deeply to be read") from None
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         raise FrameError(f"frame is not valid safetensors: {exc}") from exc
     meta = header.get("__metadata__") or {}
@@ -110,8 +115,12 @@ def decode_frame(data: bytes, *, as_lists: bool = True) -> Any:
         raise FrameError(f"frame has no {_SKELETON_KEY!r} metadata")
     try:
         skeleton = json.loads(meta[_SKELETON_KEY])
+    except RecursionError:
+        skeleton = None
     except ValueError as exc:
         raise FrameError(f"frame skeleton is not JSON: {exc}") from exc
+    if skeleton is None or _too_deep(skeleton, MAX_NESTING):
+        raise FrameError(f"frame skeleton is nested deeper than {MAX_NESTING} levels")
 
     def tensor(key: Any) -> np.ndarray:
         if not isinstance(key, str) or key not in tensors:
@@ -136,6 +145,23 @@ def decode_frame(data: bytes, *, as_lists: bool = True) -> Any:
         return value
 
     return decode(skeleton)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests dicts/lists more than ``limit`` levels deep."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    if not level:
+        return False
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _row_count(name: str, value: Any) -> int:

@@ -141,6 +141,8 @@ def _decode_body(body: bytes, content_type: str) -> dict[str, Any]:
     elif media in ("", JSON_CONTENT_TYPE) or media.endswith("+json"):
         try:
             payload = json.loads(body)
+        except RecursionError:
+            raise _BadRequest("request body is nested too deeply to be read as JSON") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise _BadRequest(f"request body is not valid JSON: {exc}") from None
     else:
