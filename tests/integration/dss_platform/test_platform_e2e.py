@@ -244,6 +244,21 @@ def test_the_whole_loop_runs_through_the_platform(alice):
         assert max(abs(a - b) for a, b in zip(row_lp[p:], s, strict=True)) <= 1e-3
 
 
+def test_cache_and_memory_operations_answer_inline(alice):
+    alice.reset_prefix_cache()
+    alice.empty_training_cache()
+    for method in ("sleep_inference", "wake_inference", "sleep_log_prob", "wake_log_prob"):
+        answer = getattr(alice, method)()
+        assert answer["results"], (method, answer)
+    t = alice.transport
+    wrong = t.raw(
+        "POST",
+        f"/{t.job_id}/operation",
+        json={"operation_type": "reset-prefix-cache", "sub_job_type": "training"},
+    )
+    assert wrong.status_code == 422
+
+
 def test_checkpoints_are_listed_exported_loaded_and_deleted(alice):
     t = alice.transport
     path = alice.save_checkpoint(tag="ckpt-a")
