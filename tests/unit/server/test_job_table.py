@@ -89,3 +89,20 @@ def test_a_server_without_resume_marks_unfinished_jobs_failed_and_never_reuses_i
 def test_serve_resume_without_a_table_says_so(tmp_path, capsys):
     assert main(["serve", "--resume", str(tmp_path)]) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_serve_resume_takes_address_transport_token_and_gpus_from_the_table(tmp_path):
+    from arctic_platform.rl.cli import _serve_settings, build_parser
+
+    server = {"host": "127.0.0.1", "port": 7123, "transport": "ray", "num_gpus": 3}
+    save_table(tmp_path, JobTable(server={**server, "op_timeout": 60.0}))
+    (tmp_path / "token").write_text("t")
+    args = build_parser().parse_args(["serve", "--resume", str(tmp_path), "--num-gpus", "1"])
+    _serve_settings(args)
+    resolved = (args.host, args.port, args.transport, args.op_timeout)
+    assert resolved == ("127.0.0.1", 7123, "ray", 60.0)
+    assert args.num_gpus == 3  # never fewer GPUs than the resumed jobs had
+    assert args.run_dir == str(tmp_path) and args.token_file == str(tmp_path / "token")
+    args = build_parser().parse_args(["serve", "--resume", str(tmp_path), "--port", "7200"])
+    _serve_settings(args)
+    assert args.port == 7200  # an explicit option wins
