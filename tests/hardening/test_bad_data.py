@@ -119,6 +119,8 @@ def test_a_negative_or_nan_learning_rate_is_a_422_and_no_step_is_taken(live):
 
 BAD_GENERATE = {
     "n=0": (["1 + 2 ="], {"n": 0}, ("n",)),
+    "n of a billion": (["1 + 2 ="], {"n": 10**9}, ("'n'", "4096")),
+    "prompts x n past the per-request limit": (["7"] * 20_000, {"n": 4}, ("80000", "split")),
     "negative max_tokens": (["1 + 2 ="], {"max_tokens": -5}, ("max_tokens",)),
     "NaN temperature": (["1 + 2 ="], {"temperature": float("nan")}, ("temperature",)),
     "unknown sampling key": (["1 + 2 ="], {"beam_width": 4}, ("beam_width",)),

@@ -14,6 +14,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from arctic_platform.rl.config import ArcticRLClientConfig
 
 
+MAX_N = 4096
+"""Most completions one prompt may ask for (``n``)."""
+MAX_SEQUENCES = 65536
+"""Most sequences (prompts x n) one generate request may ask for; more is a 422, not an OOM."""
+
+
 def _fail(key: str, rule: str, value: Any) -> InvalidRequestError:
     return InvalidRequestError(f"sampling_params[{key!r}] must be {rule}, got {value!r}")
 
@@ -91,6 +97,8 @@ class SamplingSpec:
         out: dict[str, Any] = {}
         if "n" in p:
             out["n"] = _int("n", p["n"], 1)
+            if out["n"] > MAX_N:
+                raise _fail("n", f"an integer in [1, {MAX_N}]", p["n"])
         if "max_tokens" in p:
             out["max_tokens"] = _int("max_tokens", p["max_tokens"], 1)
         if "temperature" in p:
@@ -260,6 +268,11 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         from vllm.inputs import TokensPrompt
 
         spec = SamplingSpec.parse(sampling_params, self.max_logprobs)
+        if isinstance(prompts, list | tuple) and len(prompts) * spec.n > MAX_SEQUENCES:
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts x n={spec.n} is {len(prompts) * spec.n} sequences; one "
+                f"generate request may ask for at most {MAX_SEQUENCES}: split it"
+            )
         token_ids = self.prompt_token_ids(prompts)
         if not token_ids:
             return []
