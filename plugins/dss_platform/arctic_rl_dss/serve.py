@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.network import is_loopback
 from arctic_rl_dss.users import Users
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,12 @@ def serve_platform(
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not is_loopback(host):
+        logger.warning(
+            "serving on %s without TLS: tokens travel in clear text; put a TLS-terminating "
+            "proxy in front of this server",
+            host,
+        )
     root = Path(run_dir) if run_dir else arctic_home() / "platform" / f"{host}_{port}"
     root.mkdir(parents=True, exist_ok=True)
     rl = RLServer(root, num_gpus=num_gpus, ray_auto_attach=False, op_timeout=op_timeout)

@@ -370,6 +370,11 @@ def test_two_users_run_jobs_side_by_side_and_cannot_see_each_other(alice, bob, p
         a.raw("POST", f"/{bob_job}/step", json={}),
         a.raw("POST", f"/{bob_job}/operation", json={"operation_type": "weight-norm"}),
         a.raw("POST", f"/{bob_job}/forward-backward", content=b"x" * 10),
+        a.raw("POST", f"/{bob_job}/generate", content=b"x" * 10),
+        a.raw("POST", f"/{bob_job}/save", json={}),
+        a.raw("POST", f"/{bob_job}/load", json={}),
+        a.raw("POST", f"/{bob_job}/checkpoints/global_step1:export"),
+        a.raw("DELETE", f"/{bob_job}/checkpoints/global_step1"),
     ]
     for answer in probes:
         assert answer.status_code == 404, (answer.request.url, answer.text)
