@@ -102,6 +102,22 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _listen(host: str, port: int) -> int:
+    """A socket listening on ``host:port`` only, as a file descriptor the store takes over."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(16)
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
 def _await_listener(host: str, port: int, deadline: float) -> None:
     """Return once something accepts connections on ``host:port``; raise at ``deadline``."""
     import socket
@@ -189,20 +205,30 @@ class WeightSyncCoordinator:
         from torch.distributed import TCPStore
 
         side = "sender" if master else "receiver"
+        fd: int | None = None
         try:
             if not master:
                 # wait for the sender's store to listen before connecting: TCPStore's own
                 # retry backs off for ~1 s, which dominated small syncs
                 _await_listener(self.host, transfer.port, time.monotonic() + self.timeout)
-            return TCPStore(
+            # torch's own store listens on every interface; ours only on ``host``
+            fd = _listen(self.host, transfer.port) if master else None
+            store = TCPStore(
                 self.host,
                 transfer.port,
                 2,
                 master,
                 timeout=_timedelta(self.timeout),
                 wait_for_workers=False,
+                master_listen_fd=fd,
             )
+            return store
         except Exception as exc:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             peer = (
                 f"the sender (training rank {transfer.sender})"
                 if not master
@@ -361,7 +387,10 @@ class WeightSyncCoordinator:
             return ProcessGroupNCCL(prefix, rank, 2, opts)
         from torch.distributed.distributed_c10d import ProcessGroupGloo
 
-        return ProcessGroupGloo(prefix, rank, 2, _timedelta(self.timeout))
+        options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = _timedelta(self.timeout)
+        options._devices = [ProcessGroupGloo.create_device(hostname=self.host)]  # this host only
+        return ProcessGroupGloo(prefix, rank, 2, options)
 
     def _write_shm(
         self, transfer: Transfer, buckets: list[Bucket], tensors: dict[str, torch.Tensor]
