@@ -171,3 +171,52 @@ def test_shared_memory_pairs_are_kept_too():
     finally:
         for side in sides:
             side.stop()
+
+
+def _listen_report(role, port, results):
+    """Sync once with kept pair worlds, then report this process's listening addresses."""
+    import psutil
+    import torch
+
+    from arctic_platform.rl.weight_sync.channels import ChannelCache
+    from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
+
+    coord = WeightSyncCoordinator(_config(port), timeout=TIMEOUT, channels=ChannelCache())
+    try:
+        if role == "sender":
+            coord.send(0, [("model.norm.weight", torch.ones(32))])
+        else:
+            coord.receive(0, 0)
+        listening = [
+            c.laddr.ip
+            for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        results.put((role, "ok", listening))
+    except Exception as exc:
+        results.put((role, "error", repr(exc)))
+
+
+def test_kept_pair_worlds_listen_on_loopback_only():
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_listen_report, args=(role, port, results))
+        for role in ("sender", "receiver")
+    ]
+    for p in procs:
+        p.start()
+    try:
+        out = {}
+        for _ in procs:
+            role, status, info = results.get(timeout=TIMEOUT * 3)
+            out[role] = (status, info)
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    assert out["sender"][0] == "ok" and out["sender"][1], out  # its store and gloo listen
+    for _status, addresses in out.values():
+        assert all(ip in ("127.0.0.1", "::1") for ip in addresses), out
