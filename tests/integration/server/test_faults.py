@@ -360,3 +360,8 @@ def test_a_killed_training_worker_restarts_from_its_latest_checkpoint(jobs):
     after = k.restart_job("training")
     assert after["state"] == "running" and after["global_step"] == jobs.saved
     assert k.fwd_bwd(_batch(jobs.saved), LOSS)["loss"] == jobs.expected[0]
+    # the restarted trainer's new workers sync into S (no weight-sync state of the old ones)
+    s = jobs.sampler
+    sync = {"training_job_id": k.job_ids["training"], "sampling_job_ids": [s.job_ids["sampling"]]}
+    assert k.transport.call("sync_weights", sync)["bytes"] > 0
+    assert s.weight_norm()["sampling"] == pytest.approx(k.weight_norm()["training"], rel=1e-5)
