@@ -177,3 +177,12 @@ def test_a_sync_onto_the_training_job_itself_is_a_409_and_moves_no_weights(live)
     ids = live.job_ids
     payload = {"training_job_id": ids["training"], "sampling_job_ids": [ids["training"]]}
     _refused(live, lambda: live.client.transport.call("sync_weights", payload), 409, "sampling")
+
+
+def test_a_sync_listing_thousands_of_job_ids_is_a_422_not_a_server_error(live):
+    ids = live.job_ids
+    payload = {"training_job_id": ids["training"], "sampling_job_ids": [ids["sampling"]] * 5000}
+    call = live.client.transport.call
+    _refused(live, lambda: call("sync_weights", payload), 422, "sampling_job_ids", "256")
+    norms = live.client.transport.call("weight_norm", {"job_ids": [ids["sampling"]] * 200})
+    assert list(norms["norms"]) == [str(ids["sampling"])]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 JobType = Literal["training", "sampling", "log_prob"]
 JOB_TYPES: tuple[JobType, ...] = ("training", "sampling", "log_prob")
@@ -95,18 +95,30 @@ class LogProbsRequest(JobRequest):
     top_k: int = Field(default=1, ge=0, le=20)
 
 
+MAX_JOB_IDS = 256
+"""Most job ids one request may list (duplicates are dropped, first occurrence kept)."""
+
+
+def _distinct(ids: list[int]) -> list[int]:
+    return list(dict.fromkeys(ids))
+
+
 class SyncWeightsRequest(_Request):
     """Copy the training job's weights into sampling and log-prob jobs."""
 
     training_job_id: int = Field(ge=0)
-    sampling_job_ids: list[int] = Field(default_factory=list)
-    log_prob_job_ids: list[int] = Field(default_factory=list)
+    sampling_job_ids: list[int] = Field(default_factory=list, max_length=MAX_JOB_IDS)
+    log_prob_job_ids: list[int] = Field(default_factory=list, max_length=MAX_JOB_IDS)
+
+    _distinct_ids = field_validator("sampling_job_ids", "log_prob_job_ids")(_distinct)
 
 
 class WeightNormRequest(_Request):
     """L2 norms of the weights of the given jobs."""
 
-    job_ids: list[int] = Field(min_length=1)
+    job_ids: list[int] = Field(min_length=1, max_length=MAX_JOB_IDS)
+
+    _distinct_ids = field_validator("job_ids")(_distinct)
 
 
 class SleepRequest(JobRequest):
