@@ -404,3 +404,9 @@ def test_weight_sync_rejects_bad_values_by_field(kwargs, field):
 def test_weight_sync_rejects_ports_that_run_past_65535():
     with pytest.raises(ValidationError, match="past 65535"):
         WeightSyncConfig(base_port=65530, inference_replicas=4, inference_tp=2)
+
+
+def test_any_single_job_id_is_reconnect_mode_without_gpus():
+    for field in ("training_job_id", "sampling_job_id", "log_prob_job_id"):
+        config = ArcticRLClientConfig(model_name="m", host="127.0.0.1", port=7000, **{field: 3})
+        assert config.reconnect_mode, field

@@ -322,13 +322,14 @@ class ArcticRLClientConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_gpus_and_derive_address(self) -> ArcticRLClientConfig:
-        if self.backend == "local" and self.training_job_id is None:
+        if self.backend == "local" and not self.reconnect_mode:
             counts = (self.training_gpus, self.sampling_gpus, self.log_prob_gpus)
             if not any(c > 0 for c in counts):
                 raise ValueError(
                     "backend='local' needs at least one of training_gpus, sampling_gpus or "
                     "log_prob_gpus > 0 (all are 0); set the GPUs each job should get, or set "
-                    "training_job_id to reconnect to running jobs"
+                    "training_job_id / sampling_job_id / log_prob_job_id to reconnect to "
+                    "running jobs"
                 )
         from arctic_platform.rl.plugins.registry import get_registry
 
