@@ -3,8 +3,9 @@
 Each request carries a unique tag as its prompt token ids, which the server echoes back in
 ``prompt_token_ids``; the server's own ``/metrics`` count is read before and after. So every
 request is accounted for exactly once on both sides: answered, failed, duplicated or lost.
-Latency is per request (send to answer, in the client process); the ratio compares the load
-p50 with the p50 of the same request sent alone, one at a time, in the same run.
+Latency is per request (send to answer, in the client process); the ratios compare the load
+p50 with the p50 of the same request sent alone, one at a time, and the load's wall time
+with all the same prompts sent as one request, in the same run.
 
 ``python -m bench.load`` starts its own server (local backend, a sampling job on the tiny
 model), runs 8 x 50, prints the figures and writes ``bench/load_results.md``.
@@ -134,6 +135,11 @@ def drive(
         )
         if i:  # the first is a warm-up
             solo_seconds.append(time.perf_counter() - started)
+    # the same prompts in one request: what the engine does with all of them batched
+    every = [tag(p, i) for p in range(processes) for i in range(concurrency)]
+    started = time.perf_counter()
+    solo.call("generate", {"job_id": job_id, "prompts": every, "sampling_params": params})
+    batched_seconds = time.perf_counter() - started
     solo.close()
 
     counted_before, errors_before = _server_count(base_url, token)
@@ -200,6 +206,8 @@ def drive(
         "max_s": max(latencies) if latencies else float("nan"),
         "solo_p50_s": solo_p50,
         "p50_over_solo": p50 / solo_p50 if solo_p50 > 0 else float("nan"),
+        "batched_s": batched_seconds,
+        "wall_over_batched": wall / batched_seconds if batched_seconds > 0 else float("nan"),
     }
 
 
@@ -251,6 +259,11 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{result['p50_s'] * 1000:.0f} ms / {result['p99_s'] * 1000:.0f} ms",
             f"p50 {result['p50_over_solo']:.1f}x a lone request "
             f"({result['solo_p50_s'] * 1000:.0f} ms)",
+        ),
+        (
+            f"load {n}: wall time vs the same prompts in one request",
+            f"{result['wall_s']:.2f} s vs {result['batched_s']:.2f} s",
+            f"{result['wall_over_batched']:.1f}x",
         ),
     ]
 
