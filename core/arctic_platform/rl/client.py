@@ -262,12 +262,15 @@ class ArcticRLClient:
             )
         )
 
-    def sync_weights(self) -> dict[str, Any]:
-        """Copy the training weights into the sampling and log-prob jobs."""
+    def sync_weights(self, strategy: str = "drain") -> dict[str, Any]:
+        """Copy the training weights into the sampling and log-prob jobs.
+
+        ``strategy``: how the targets swap while requests are in flight (``"drain"``)."""
         payload = {
             "training_job_id": self._job("training"),
             "sampling_job_ids": [j for j in [self.job_ids["sampling"]] if j is not None],
             "log_prob_job_ids": [j for j in [self.job_ids["log_prob"]] if j is not None],
+            "strategy": strategy,
         }
         return dict(self.transport.call("sync_weights", payload))
 

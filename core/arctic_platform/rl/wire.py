@@ -109,6 +109,12 @@ class SyncWeightsRequest(_Request):
     training_job_id: int = Field(ge=0)
     sampling_job_ids: list[int] = Field(default_factory=list, max_length=MAX_JOB_IDS)
     log_prob_job_ids: list[int] = Field(default_factory=list, max_length=MAX_JOB_IDS)
+    strategy: str = Field(
+        default="drain",
+        max_length=32,
+        description="How targets swap weights while requests are in flight: 'drain' "
+        "(finish in-flight requests first); 'hotswap' is not implemented yet.",
+    )
 
     _distinct_ids = field_validator("sampling_job_ids", "log_prob_job_ids")(_distinct)
 
