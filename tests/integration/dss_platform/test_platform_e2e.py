@@ -7,9 +7,11 @@ runs a training job beside it. The last test kills the server mid-request and re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -424,6 +426,74 @@ def test_a_create_whose_answer_was_lost_makes_exactly_one_job(bob, tiny_model_pa
         for status in ("running", "cancelled", "failed")
     }
     assert by_status == {"running": [b.job_id], "cancelled": ["lost-answer-1"], "failed": []}
+
+
+class AnswerDroppingProxy:
+    """A TCP relay on 127.0.0.1 that forwards requests but drops the first answer, like a
+    network that fails after the platform has acted."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.drop = 1
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        drop, self.drop = self.drop > 0, self.drop - 1
+
+        def forward() -> None:
+            try:
+                while data := client.recv(65536):
+                    upstream.sendall(data)
+            except OSError:
+                pass
+
+        threading.Thread(target=forward, daemon=True).start()
+        try:
+            first = upstream.recv(65536)  # the platform has answered: it acted
+            if drop:
+                return
+            client.sendall(first)
+            while data := upstream.recv(65536):
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):  # shutdown wakes the other thread's recv
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_create_whose_answer_is_lost_on_the_network_makes_one_job(platform):
+    proxy = AnswerDroppingProxy(platform.port)
+    poll = PollSettings(initial=0.05, factor=1.25, maximum=0.5, timeout=60)
+    carol = DssTransport("127.0.0.1", proxy.port, CAROL, poll=poll, timeout=30)
+    direct = platform.transport(CAROL)
+    try:
+        before = {j["job_id"] for j in direct.call("status")["jobs"]}
+        carol.create_job({"model_name": "unused", "training_gpus": 1, "job_ready_timeout": 60})
+        assert proxy.drop < 0  # the create's answer was really dropped
+        after = {j["job_id"] for j in direct.call("status")["jobs"]}
+        assert after - before == {carol.job_id}  # exactly one new job, the one the client holds
+        direct.raw("POST", f"/{carol.job_id}:cancel").raise_for_status()
+    finally:
+        carol.close()
+        direct.close()
+        proxy.close()
 
 
 def test_a_job_that_cannot_be_placed_in_time_hits_job_ready_timeout(bob, platform):
