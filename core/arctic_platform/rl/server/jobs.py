@@ -27,7 +27,13 @@ from arctic_platform.rl.errors import (
     OperationTimeoutError,
     WorkerDiedError,
 )
-from arctic_platform.rl.server.job_table import JobRecord, JobTable, load_table, save_table
+from arctic_platform.rl.server.job_table import (
+    JobRecord,
+    JobTable,
+    RequestIdRecord,
+    load_table,
+    save_table,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +113,7 @@ class Job:
     weights_from: str | None = None
     synced_from: int | None = None
     restarts: int = 0
+    request_ids: list[RequestIdRecord] = field(default_factory=list, repr=False)
     launch_overrides: dict[str, Any] = field(default_factory=dict, repr=False)
     listener: Callable[[Job], None] | None = field(default=None, repr=False)
 
@@ -149,6 +156,7 @@ class Job:
             synced_from=self.synced_from,
             global_step=self.global_step,
             restarts=self.restarts,
+            request_ids=[r.model_copy() for r in list(self.request_ids)],
             created_at=self.created_at,
             updated_at=self.updated_at,
         )
@@ -173,6 +181,7 @@ class Job:
             weights_from=record.weights_from,
             synced_from=record.synced_from,
             restarts=record.restarts,
+            request_ids=[r.model_copy() for r in record.request_ids],
         )
 
     def describe(self) -> dict[str, Any]:
@@ -328,7 +337,9 @@ class JobManager:
         The weight version only stays put when the job is back on the weights it started with.
         """
         if job.job_type == "training":
-            if job.latest_checkpoint and Path(job.latest_checkpoint).is_dir():
+            # the engine resolves the path: a save cut short between its renames leaves the
+            # complete copy hidden; a checkpoint gone for good fails the job with that reason
+            if job.latest_checkpoint:
                 job.weights_from = f"checkpoint {job.latest_checkpoint}"
                 return {"checkpoint_path": job.latest_checkpoint}
             job.weights_from = "its config (no checkpoint was saved)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,15 @@ from arctic_platform.rl import __version__, wire
 from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobStateError
 from arctic_platform.rl.operations import BY_NAME
 from arctic_platform.rl.protocol import validate_batch
+from arctic_platform.rl.server.job_table import (
+    remember_request,
+    replay_request,
+    roll_back_requests,
+)
 from arctic_platform.rl.server.jobs import Job, JobManager, JobState, free_port_range
 from arctic_platform.rl.wire import describe_errors
 
 logger = logging.getLogger(__name__)
-
-_IDEMPOTENCY_CACHE = 1024
 
 
 def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
@@ -39,6 +42,19 @@ def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def _record_checkpoint(job: Job, step: int, path: str) -> bool:
+    """Note that ``path`` holds ``job``'s checkpoint of ``step``; returns whether that is news.
+
+    A path holds one checkpoint: saving the same tag again replaces the older step's entry.
+    """
+    stale = [s for s, p in job.checkpoints.items() if p == path and s != step]
+    for old in stale:
+        del job.checkpoints[old]
+    news = bool(stale) or job.checkpoints.get(step) != path
+    job.checkpoints[step] = path
+    return news
 
 
 class RLServer:
@@ -73,7 +89,8 @@ class RLServer:
         self.sync_bucket_bytes = sync_bucket_bytes
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
-        self._idempotent: dict[int, OrderedDict[str, Any]] = defaultdict(OrderedDict)
+        # per training job, the workers its request ids were last checked against
+        self._restored_for: dict[int, list[Any]] = {}
         self._counts: dict[str, int] = defaultdict(int)
         self._errors: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
@@ -198,7 +215,6 @@ class RLServer:
 
     def destroy(self, request: wire.JobRequest) -> dict[str, Any]:
         """Stop a job and free its GPUs."""
-        self._idempotent.pop(request.job_id, None)
         return self.jobs.destroy(request.job_id).describe()
 
     def restart_job(self, request: wire.JobRequest) -> dict[str, Any]:
@@ -208,7 +224,6 @@ class RLServer:
         weights they can load (``weights_from`` says which); ``sync_weights`` brings them the
         trainer's current weights.
         """
-        self._idempotent.pop(request.job_id, None)
         job = self.jobs.restart(request.job_id)
         # weight-sync pair worlds kept between syncs were built with the old workers
         getattr(self, "_sync_ports", {}).clear()
@@ -226,18 +241,37 @@ class RLServer:
         refs = [w.call.remote(method, *args, **kwargs) for w in job.workers]
         return self.jobs.call(job, refs, method)
 
-    def _remember(self, job_id: int, request_id: str | None, result: Any) -> None:
-        if request_id is None:
-            return
-        cache = self._idempotent[job_id]
-        cache[request_id] = result
-        while len(cache) > _IDEMPOTENCY_CACHE:
-            cache.popitem(last=False)
+    def _settle(self, job: Job) -> None:
+        """Once per generation of a training job's workers, note what they were restored to.
 
-    def _replayed(self, job_id: int, request_id: str | None) -> Any:
-        if request_id is None:
+        Workers this server has not seen on the job yet (a restart, or ``serve --resume``)
+        were restored from its latest checkpoint, at the step the engine reported
+        (``job.global_step``): the request ids applied on that step or later are marked
+        rolled back, and the table's step for that checkpoint path is what the engine found
+        there (a save of the same tag cut short can leave a newer complete copy). Call under
+        ``job.lock``.
+        """
+        if self._restored_for.get(job.job_id) is job.workers:
+            return
+        self._restored_for[job.job_id] = job.workers
+        changed = roll_back_requests(job.request_ids, job.global_step) > 0
+        restored_from = job.launch_overrides.get("checkpoint_path")
+        if restored_from:
+            changed = _record_checkpoint(job, job.global_step, str(restored_from)) or changed
+        if changed:
+            job.changed()
+
+    def _replayed(self, job: Job, key: str | None) -> dict[str, Any] | None:
+        """The first result of request ``key`` on ``job`` (None: apply it); call under job.lock."""
+        self._settle(job)
+        if key is None:
             return None
-        return self._idempotent[job_id].get(request_id)
+        return replay_request(job.request_ids, key, job.job_id, job.global_step)
+
+    def _remember(self, job: Job, key: str | None, base_step: int, result: Any) -> None:
+        """Record request ``key``'s result (the caller writes the job table before answering)."""
+        if key is not None:
+            remember_request(job.request_ids, key, base_step, result)
 
     def _record_sync(self, request: wire.SyncWeightsRequest, result: dict[str, Any]) -> None:
         """Note in the job table which trainer each target's weights came from."""
@@ -257,13 +291,17 @@ class RLServer:
         """Accumulate gradients on every training rank; returns rank 0's reduced metrics."""
         job = self.jobs.running(request.job_id, "training")
         batch = validate_batch(request.batch)
+        key = request.request_id and f"fb:{request.request_id}"
         with job.lock:
-            previous = self._replayed(job.job_id, request.request_id and f"fb:{request.request_id}")
+            previous = self._replayed(job, key)
             if previous is not None:
                 return {**previous, "replayed": True}
+            base_step = job.global_step
             results = self._all_ranks(job, "fwd_bwd", batch, request.loss_fn, request.loss_config)
             result = dict(results[0])
-            self._remember(job.job_id, request.request_id and f"fb:{request.request_id}", result)
+            self._remember(job, key, base_step, result)
+            if key is not None:
+                job.changed()
             return result
 
     def fwd_no_grad(self, request: wire.FwdNoGradRequest) -> dict[str, Any]:
@@ -290,13 +328,14 @@ class RLServer:
         job = self.jobs.running(request.job_id, "training")
         key = request.request_id and f"step:{request.request_id}"
         with job.lock:
-            previous = self._replayed(job.job_id, key)
+            previous = self._replayed(job, key)
             if previous is not None:
                 return {**previous, "replayed": True}
+            base_step = job.global_step
             results = self._all_ranks(job, "step", request.learning_rate)
             result = dict(results[0])
-            self._remember(job.job_id, key, result)
             job.global_step = int(result.get("global_step", job.global_step + 1))
+            self._remember(job, key, base_step, result)
             job.changed()
             return result
 
@@ -325,39 +364,54 @@ class RLServer:
             self._confined(job, request.tag)
         root = self.checkpoint_root(job)
         with job.lock:
+            self._settle(job)
             paths = self._all_ranks(job, "save_checkpoint", str(root), request.tag)
             step = self.jobs.call(job, [job.workers[0].global_step.remote()], "save_checkpoint")[0]
+            _record_checkpoint(job, int(step), str(paths[0]))
             job.latest_checkpoint = str(paths[0])
-            job.checkpoints[int(step)] = str(paths[0])
             job.global_step = int(step)
             job.changed()
             return {"path": str(paths[0]), "global_step": int(step)}
 
     def load_checkpoint(self, request: wire.LoadCheckpointRequest) -> dict[str, Any]:
-        """Load by path, by step, or the latest checkpoint; returns the restored global step."""
+        """Load by path, by step, or the latest checkpoint; returns the restored global step.
+
+        The recorded path goes to the training engine, whose discovery resolves it (a save cut
+        short between its renames leaves the complete copy hidden); the table then keeps the
+        step the engine restored for that path.
+        """
         job = self.jobs.running(request.job_id, "training")
-        if request.path is not None:
-            target = self._confined(job, request.path)
-        elif request.step is not None:
-            known = job.checkpoints.get(request.step)
-            if known is None:
-                raise InvalidRequestError(
-                    f"job {job.job_id} has no checkpoint at step {request.step}; saved steps: "
-                    f"{sorted(job.checkpoints)}"
-                )
-            target = Path(known)
-        elif job.latest_checkpoint is not None:
-            target = Path(job.latest_checkpoint)
-        else:
-            raise InvalidRequestError(f"job {job.job_id} has no checkpoint yet")
-        if not target.exists():
-            raise InvalidRequestError(f"checkpoint {target} does not exist")
+        explicit = self._confined(job, request.path) if request.path is not None else None
         with job.lock:
+            self._settle(job)  # a restart's restore first: it may correct the saved steps
+            if explicit is not None:
+                target = explicit
+            elif request.step is not None:
+                known = job.checkpoints.get(request.step)
+                if known is None:
+                    raise InvalidRequestError(
+                        f"job {job.job_id} has no checkpoint at step {request.step}; saved "
+                        f"steps: {sorted(job.checkpoints)}"
+                    )
+                target = Path(known)
+            elif job.latest_checkpoint is not None:
+                target = Path(job.latest_checkpoint)
+            else:
+                raise InvalidRequestError(f"job {job.job_id} has no checkpoint yet")
             steps = self._all_ranks(job, "load_checkpoint", str(target))
-            self._idempotent.pop(job.job_id, None)
-            job.global_step = int(steps[0])
+            restored = int(steps[0])
+            job.global_step = restored
+            if explicit is None:  # a recorded checkpoint: keep what the engine found there
+                _record_checkpoint(job, restored, str(target))
+            roll_back_requests(job.request_ids, restored)
             job.changed()
-            return {"global_step": int(steps[0]), "path": str(target)}
+            if request.step is not None and explicit is None and restored != request.step:
+                raise JobStateError(
+                    f"the checkpoint of step {request.step} at {target} was being replaced by a "
+                    f"save of step {restored} that was cut short; the engine found that "
+                    f"complete copy and job {job.job_id} is at step {restored} now"
+                )
+            return {"global_step": restored, "path": str(target)}
 
     def empty_training_cache(self, request: wire.JobRequest) -> dict[str, Any]:
         """Release cached allocator memory on the training ranks."""
