@@ -174,7 +174,9 @@ class ArcticRLClient:
         """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...).
 
         A call repeated with the same ``request_id`` (default: a fresh one, also used by the
-        client's own retries) returns the first result and applies no second gradient.
+        client's own retries) returns the first result and applies no second gradient, also
+        after ``serve --resume``; one whose gradient a restore to an earlier checkpoint undid
+        is a ``ServerError`` with code ``rolled_back`` (docs/http-api.md, Faults).
         """
         payload = {
             "job_id": self._job("training"),
@@ -201,7 +203,8 @@ class ArcticRLClient:
     ) -> dict[str, Any]:
         """One optimizer step: ``global_step``, ``lr``, ``grad_norm``.
 
-        Repeating it with the same ``request_id`` returns the first result without a second step.
+        Repeating it with the same ``request_id`` returns the first result without a second step
+        (or code ``rolled_back`` when a restore to an earlier checkpoint undid that step).
         """
         payload = {
             "job_id": self._job("training"),
