@@ -366,6 +366,17 @@ class VLLMEngine(Engine):
         ``bucket_bytes`` is None; otherwise as safetensors bytes, ``bucket_bytes`` (default
         256 MiB) of whole layers per call.
         """
+        self._load_weights(weights, bucket_bytes)
+
+    def _load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int | None = None,
+        *,
+        reset_running: bool = False,
+    ) -> None:
+        """``load_weights`` in the calling thread; ``reset_running`` also recomputes the KV
+        cache of running requests (see ``_reset_prefix_cache``)."""
         from safetensors.torch import save
 
         llm = self.llm
@@ -395,7 +406,7 @@ class VLLMEngine(Engine):
                     "served weights may now be a mix of old and new: load a full set again"
                 ) from exc
         self._weights_discarded = False
-        self.reset_prefix_cache()
+        self._reset_prefix_cache(running=reset_running)
         self.last_load = {
             "tensors": len(names),
             "bytes": total,
@@ -405,8 +416,13 @@ class VLLMEngine(Engine):
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (computed under the old weights)."""
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self, *, running: bool = False) -> None:
+        """Drop every cached prefix. vLLM refuses while running requests hold KV blocks;
+        ``running=True`` first preempts them (their KV is recomputed when they resume)."""
         llm = self.llm
-        if not llm.reset_prefix_cache():
+        if not llm.reset_prefix_cache(reset_running_requests=running):
             raise EngineError("vLLM did not reset its prefix cache (requests still running?)")
 
     def weight_norm(self) -> float:

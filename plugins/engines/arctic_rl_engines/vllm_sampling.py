@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import numbers
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.errors import InvalidRequestError
 from arctic_platform.rl.interfaces import EngineContext, SamplingEngine
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
+from arctic_rl_engines.vllm_loop import GenerationLoop
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from arctic_platform.rl.config import ArcticRLClientConfig
 
 
@@ -196,18 +201,38 @@ class SamplingSpec:
         return [self.to_vllm(self.seed + i * self.n) for i in range(count)]
 
 
-def completion_record(output: Any, top_k: int) -> dict[str, Any]:
-    """One vLLM ``CompletionOutput`` as the wire dict (sampled-token log-probs always set)."""
+def version_spans(output: Any, fallback: int) -> list[list[int]]:
+    """``[[version, start, end], ...]``: output tokens ``[start, end)`` were sampled under
+    weight ``version`` (vLLM's spans; ``fallback`` when it reported none)."""
+    spans = [
+        [int(span.version), int(span.start), int(span.end)]
+        for span in (getattr(output, "weight_versions", None) or [])
+        if str(span.version).isdigit()
+    ]
+    return spans or [[fallback, 0, len(output.token_ids)]]
+
+
+def completion_record(output: Any, top_k: int, version: int = 0) -> dict[str, Any]:
+    """One vLLM ``CompletionOutput`` as the wire dict (sampled-token log-probs always set).
+
+    ``weight_version_start``/``_end``: the weight versions of its first and last sampled
+    token; a completion that saw a hotswap also has ``weight_version_spans``.
+    """
     token_ids = list(output.token_ids)
     steps = output.logprobs or []
     logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
+    spans = version_spans(output, version)
     record: dict[str, Any] = {
         "token_ids": token_ids,
         "text": output.text,
         "logprobs": logprobs,
         "finish_reason": output.finish_reason,
         "stop_reason": output.stop_reason,
+        "weight_version_start": spans[0][0],
+        "weight_version_end": spans[-1][0],
     }
+    if len(spans) > 1:
+        record["weight_version_spans"] = spans
     if top_k:
         record["top_logprobs"] = [top_pairs(step, top_k) for step in steps]
     return record
@@ -225,14 +250,26 @@ def top_pairs(step: dict[int, Any], k: int) -> list[list[float | int]]:
 class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
     """vLLM generation with in-place weight updates (the ``vllm`` sampling engine).
 
+    Thread-safe: one loop thread (``vllm_loop``) owns vLLM, so concurrent ``generate`` calls
+    share batches and weights are swapped between steps (``swap_weights``).
+
     ``logprobs`` are of the model's own distribution (vLLM's default ``logprobs_mode`` of
     ``raw_logprobs``: before temperature, top-p and top-k), which is what a trainer's forward
     computes; ``vllm_config={"logprobs_mode": "processed_logprobs"}`` gives the sampling
     distribution instead.
     """
 
+    concurrent_methods = frozenset(
+        {"generate", "reset_prefix_cache", "weight_norm", "sleep", "wake", "swap_weights"}
+    )
+    """Methods a host may call from several threads at once (they go through the loop)."""
+
     def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
         super().__init__(config, context or EngineContext(role="sampling"))
+        self.weight_version = 0
+        self.llm.llm_engine.set_weight_version(str(self.weight_version))
+        self.loop = GenerationLoop(self.llm.llm_engine, name="vllm-sampling-loop")
+        self.last_swap: dict[str, Any] = {}
 
     def prompt_token_ids(self, prompts: list[str] | list[list[int]]) -> list[list[int]]:
         """Each prompt as token ids (strings tokenized as vLLM does), checked to fit the context."""
@@ -276,19 +313,101 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         token_ids = self.prompt_token_ids(prompts)
         if not token_ids:
             return []
-        llm = self._ready()
-        outputs = llm.generate(
+        self._ready()
+        call = self.loop.submit(
             [TokensPrompt(prompt_token_ids=ids) for ids in token_ids],
             spec.per_prompt(len(token_ids)),
-            use_tqdm=False,
         )
+        outputs = self.loop.wait(call)
+        version = self.weight_version
         results = []
         for ids, output in zip(token_ids, outputs, strict=True):
             completions = sorted(output.outputs, key=lambda c: c.index)
             results.append(
                 {
                     "prompt_token_ids": ids,
-                    "completions": [completion_record(c, spec.logprobs) for c in completions],
+                    "completions": [
+                        completion_record(c, spec.logprobs, version) for c in completions
+                    ],
                 }
             )
         return results
+
+    def swap_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        *,
+        strategy: str = "drain",
+        version: int | None = None,
+        bucket_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """Load new weights between two engine steps; returns what was swapped and when.
+
+        ``drain``: no new request starts; the running ones finish under the old weights,
+        then the swap. ``hotswap``: the swap happens with requests running; their KV cache is
+        dropped and recomputed under the new weights, so their later tokens are the new
+        model's given the text so far and their earlier ones the old model's
+        (``weight_version_spans``). Either way no cached prefix from old weights survives.
+        ``version`` labels the new weights (default: the current one + 1).
+        """
+        from arctic_platform.rl.weight_sync.strategy import check_strategy
+
+        check_strategy(strategy)
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise InvalidRequestError(f"version must be an integer, got {version!r}")
+        asked = time.monotonic()
+
+        def swap() -> dict[str, Any]:
+            in_flight = self.loop.counts()["running_requests"]
+            started = time.monotonic()
+            self._load_weights(weights, bucket_bytes, reset_running=strategy == "hotswap")
+            self.weight_version = self.weight_version + 1 if version is None else version
+            self.llm.llm_engine.set_weight_version(str(self.weight_version))
+            return {
+                "strategy": strategy,
+                "weight_version": self.weight_version,
+                "requests_in_flight": in_flight,
+                "waited_seconds": started - asked,
+                "load_seconds": time.monotonic() - started,
+            }
+
+        report = self.loop.run(swap, "idle" if strategy == "drain" else "now")
+        self.last_swap = report
+        return dict(report)
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None
+    ) -> None:
+        """``swap_weights`` with the ``drain`` strategy (running requests finish first)."""
+        self.swap_weights(weights, strategy="drain", bucket_bytes=bucket_bytes)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix, once the running requests have finished."""
+        self.loop.run(self._reset_prefix_cache, "idle")
+
+    def weight_norm(self) -> float:
+        """L2 norm of the served checkpoint-format weights (read between two steps)."""
+        return float(self.loop.run(super().weight_norm))
+
+    def served_weight_norm(self) -> dict[str, Any]:
+        """``VLLMEngine.served_weight_norm``, read between two steps."""
+        return dict(self.loop.run(super().served_weight_norm))
+
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        """``VLLMEngine.sleep`` once the running requests have finished."""
+        parent = super().sleep
+        return dict(self.loop.run(lambda: parent(level), "idle"))
+
+    def wake(self) -> dict[str, Any]:
+        """``VLLMEngine.wake``, between two steps."""
+        return dict(self.loop.run(super().wake, "idle"))
+
+    def loop_stats(self) -> dict[str, Any]:
+        """Steps run and how many calls and requests shared them (see ``LoopStats``)."""
+        return {**self.loop.stats.as_dict(), **self.loop.counts()}
+
+    def close(self) -> None:
+        """Stop the loop (waiting calls fail with EngineError), then shut vLLM down."""
+        if self._llm is not None:
+            self.loop.close("the vLLM engine was closed while this call waited")
+        super().close()

@@ -82,9 +82,17 @@ class EngineWorker:
         return os.getpid()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``engine.<method>(*args, **kwargs)`` if the role allows it."""
+        """Run ``engine.<method>(*args, **kwargs)`` if the role allows it.
+
+        Methods the engine lists in ``concurrent_methods`` (it serialises them itself, e.g.
+        the vLLM sampling engine's request loop, which batches concurrent generates) run
+        without the worker's lock; every other method runs alone.
+        """
         if method not in ALLOWED_METHODS.get(self.role, frozenset()):
             raise ValueError(f"{method!r} is not an operation of a {self.role} engine")
+        engine = self.engine
+        if engine is not None and method in getattr(engine, "concurrent_methods", ()):
+            return getattr(engine, method)(*args, **kwargs)
         with self._lock:
             if self.engine is None:
                 raise RuntimeError("engine is not set up")
@@ -123,7 +131,13 @@ class EngineWorker:
         shared_memory: bool,
         strategy: str = "drain",
     ) -> dict[str, Any]:
-        """Receive all weights, then swap them in (``drain``: after in-flight requests end)."""
+        """Receive all weights, then swap them in by ``strategy``.
+
+        An engine with ``swap_weights`` (the vLLM sampling engine) swaps between two of its
+        steps: ``drain`` after the running requests finish, ``hotswap`` with them running.
+        Any other engine swaps under the worker's lock, between two calls (no call of those
+        engines spans a swap, so both strategies mean the same there).
+        """
         from arctic_platform.rl.config import WeightSyncConfig
         from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
         from arctic_platform.rl.weight_sync.strategy import check_strategy
@@ -140,10 +154,15 @@ class EngineWorker:
         # full checkpoint tensors: vLLM's weight loaders cut their own tensor-parallel shards;
         # they are views into kept buffers, valid until the next sync (load_weights copies)
         received, report = coordinator.receive(replica, 0, expected=self._expected_weights())
-        with self._lock:  # "drain": waits for the request in flight, then swaps
-            self.engine.load_weights(received)
+        swap = getattr(self.engine, "swap_weights", None)
+        if swap is not None:
+            swapped = swap(received, strategy=strategy, version=version)
+        else:
+            with self._lock:  # waits for the call in flight, then swaps
+                self.engine.load_weights(received)
+            swapped = {"strategy": strategy, "weight_version": version}
         del received
-        return report.as_dict()
+        return {**report.as_dict(), "swap": swapped}
 
     def _sync_caches(self) -> tuple[Any, Any]:
         """The pair worlds and buffers this worker keeps between weight syncs."""

@@ -1,0 +1,236 @@
+"""The vLLM sampling engine's request loop on CPU: concurrent generate calls share batches,
+weights are swapped between steps (``drain`` and ``hotswap``), errors stay with their call.
+
+The shared session engine serves these tests; every test that swaps weights puts the
+original ones back. Ordering is made deterministic with ``loop.hold()`` (the loop neither
+steps nor admits while held), never with sleeps or timing."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from arctic_platform.rl.errors import EngineError, InvalidRequestError  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = 1e-4  # float32 vLLM vs float32 transformers, nats
+WAIT = 120.0  # seconds any wait in these tests may take before it is a failure
+PROMPT = [(7 * i) % 300 + 40 for i in range(140)]  # more than one KV block (128 on CPU)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_path: str) -> Any:
+    """The checkpoint the session engine starts from, as a float32 transformers model."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture
+def new_model(hf_model: Any) -> Any:
+    """Other weights: the checkpoint with Gaussian noise added."""
+    generator = torch.Generator().manual_seed(21)
+    model = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+@pytest.fixture
+def engine(vllm_sampling_engine: Any, hf_model: Any) -> Any:
+    """The session engine; its original weights are loaded back after the test."""
+    yield vllm_sampling_engine
+    vllm_sampling_engine.swap_weights(hf_model.state_dict().items(), strategy="drain")
+
+
+def reference_log_probs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
+    """log p(completion_j | prompt, completion_<j) from one transformers forward (float64)."""
+    ids = prompt + completion
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+    table = torch.log_softmax(logits, dim=-1)
+    return [float(table[len(prompt) + j - 1, t]) for j, t in enumerate(completion)]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def wait_until(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+class Background:
+    """``function()`` in a thread; ``result()`` joins it and returns or raises its outcome."""
+
+    def __init__(self, function: Callable[[], Any]) -> None:
+        self._outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                self._outcome["value"] = function()
+            except BaseException as exc:
+                self._outcome["error"] = exc
+
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the call did not return"
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["value"]
+
+
+def test_concurrent_generates_share_batches_and_each_gets_exactly_its_own_outputs(engine):
+    calls = 6
+    prompts = {i: [[40 + i, 41 + i, 42 + i], [90 + i, 91]] for i in range(calls)}
+    params = {i: {"n": 2, "max_tokens": 12, "seed": 100 + i} for i in range(calls)}
+    alone = {i: engine.generate(prompts[i], params[i]) for i in range(calls)}
+    steps_before = engine.loop_stats()["steps"]
+
+    with engine.loop.hold():
+        running = {i: Background(lambda i=i: engine.generate(prompts[i], params[i])) for i in alone}
+        wait_until("6 queued calls", lambda: engine.loop.counts()["queued_calls"] == calls)
+    results = {i: call.result() for i, call in running.items()}
+
+    assert results == alone  # each call: its own prompts, and the samples its seed gives alone
+    batches = [(c, r) for step, c, r in engine.loop.stats.recent if step > steps_before]
+    print(f"calls, requests per step: {batches}")
+    assert batches[0] == (calls, 2 * calls)  # all six calls in the first step's batch
+    assert len(batches) <= 12  # 6 calls x 12 tokens in at most 12 steps: one batch per token
+
+
+def test_a_call_vllm_refuses_fails_alone_and_the_loop_keeps_serving(engine):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    good = [TokensPrompt(prompt_token_ids=[50, 51])]
+    bad = [TokensPrompt(prompt_token_ids=[50]), TokensPrompt(prompt_token_ids=[10**9])]
+    with engine.loop.hold():
+        ok = engine.loop.submit(good, [SamplingParams(max_tokens=4)])
+        refused = engine.loop.submit(bad, [SamplingParams(max_tokens=4)] * 2)
+
+    with pytest.raises(EngineError, match="vLLM refused a request"):
+        engine.loop.wait(refused, WAIT)
+    assert len(engine.loop.wait(ok, WAIT)[0].outputs[0].token_ids) == 4
+    assert engine.loop.counts()["running_requests"] == 0  # the refused call left nothing behind
+    assert engine.generate([[50, 51]], {"max_tokens": 3})
+
+
+def test_invalid_input_is_refused_before_anything_is_queued(engine):
+    submitted = engine.loop_stats()["calls_submitted"]
+
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        engine.generate([[50, 51]], {"temperature": -1})
+    with pytest.raises(InvalidRequestError, match="hotswapp"):
+        engine.swap_weights([], strategy="hotswapp")
+
+    assert engine.loop_stats()["calls_submitted"] == submitted
+
+
+def test_drain_swap_finishes_running_requests_on_old_weights_and_later_ones_use_new(
+    engine, hf_model, new_model
+):
+    version = engine.weight_version
+    long = Background(
+        lambda: engine.generate([PROMPT], {"max_tokens": 300, "ignore_eos": True, "seed": 5})
+    )
+    wait_until("the long request to run", lambda: engine.loop.counts()["running_requests"] == 1)
+    with engine.loop.hold():
+        assert engine.loop.counts()["running_requests"] == 1
+        swap = Background(
+            lambda: engine.swap_weights(new_model.state_dict().items(), strategy="drain")
+        )
+        wait_until("the swap to be queued", lambda: engine.loop.counts()["tasks"] == 1)
+        later = Background(lambda: engine.generate([PROMPT], {"max_tokens": 16, "seed": 6}))
+        wait_until("the later call to be queued", lambda: engine.loop.counts()["queued_calls"])
+    report = swap.result()
+    first = long.result()[0]["completions"][0]
+    second = later.result()[0]["completions"][0]
+
+    assert report["strategy"] == "drain" and report["requests_in_flight"] == 0
+    assert report["weight_version"] == version + 1
+    assert len(first["token_ids"]) == 300
+    assert (first["weight_version_start"], first["weight_version_end"]) == (version, version)
+    assert (second["weight_version_start"], second["weight_version_end"]) == (version + 1,) * 2
+    old_diff = max_diff(
+        reference_log_probs(hf_model, PROMPT, first["token_ids"]), first["logprobs"]
+    )
+    # same prompt as the request that ran on the old weights: a stale cached block shows here
+    new_diff = max_diff(
+        reference_log_probs(new_model, PROMPT, second["token_ids"]), second["logprobs"]
+    )
+    print(f"drain: running request vs old weights {old_diff:.1e}, later vs new {new_diff:.1e}")
+    assert old_diff < TOLERANCE and new_diff < TOLERANCE
+
+
+def test_hotswap_mid_generation_reports_both_versions_and_later_requests_use_new_weights(
+    engine, hf_model, new_model
+):
+    version = engine.weight_version
+    engine.generate([PROMPT], {"max_tokens": 2})  # the prompt's blocks cached, old weights
+    long = Background(
+        lambda: engine.generate([PROMPT], {"max_tokens": 300, "ignore_eos": True, "seed": 8})
+    )
+    steps = engine.loop_stats()["steps"]
+    wait_until("20 steps of the long request", lambda: engine.loop.counts()["steps"] > steps + 20)
+    with engine.loop.hold():
+        assert engine.loop.counts()["running_requests"] == 1
+        swap = Background(
+            lambda: engine.swap_weights(new_model.state_dict().items(), strategy="hotswap")
+        )
+        wait_until("the swap to be queued", lambda: engine.loop.counts()["tasks"] == 1)
+    report = swap.result()
+    later = engine.generate([PROMPT], {"max_tokens": 16, "seed": 9})[0]["completions"][0]
+    mixed = long.result()[0]["completions"][0]
+
+    assert report["strategy"] == "hotswap" and report["requests_in_flight"] == 1
+    assert (mixed["weight_version_start"], mixed["weight_version_end"]) == (version, version + 1)
+    [[v0, start, cut], [v1, cut_again, end]] = mixed["weight_version_spans"]
+    assert (v0, start, v1, cut_again, end) == (version, 0, version + 1, cut, 300)
+    assert 20 <= cut < 300
+    tokens, got = mixed["token_ids"], mixed["logprobs"]
+    old_diff = max_diff(reference_log_probs(hf_model, PROMPT, tokens)[:cut], got[:cut])
+    new_diff = max_diff(reference_log_probs(new_model, PROMPT, tokens)[cut:], got[cut:])
+    later_diff = max_diff(
+        reference_log_probs(new_model, PROMPT, later["token_ids"]), later["logprobs"]
+    )
+    print(
+        f"hotswap after {cut} tokens: before the swap vs old weights {old_diff:.1e}, after it "
+        f"vs new weights {new_diff:.1e}; a later request vs new weights {later_diff:.1e}"
+    )
+    assert old_diff < TOLERANCE and new_diff < TOLERANCE and later_diff < TOLERANCE
+    assert (later["weight_version_start"], later["weight_version_end"]) == (version + 1,) * 2
+    assert "weight_version_spans" not in later
+
+
+def test_close_fails_waiting_calls_clearly(tiny_model_path, vllm_test_config):
+    from arctic_rl_engines.vllm_sampling import VLLMSamplingEngine
+
+    engine = VLLMSamplingEngine(vllm_test_config(tiny_model_path, kv_cache_memory_bytes=64 << 20))
+    with engine.loop.hold():
+        waiting = Background(lambda: engine.generate([[50, 51]], {"max_tokens": 4}))
+        wait_until("the call to be queued", lambda: engine.loop.counts()["queued_calls"] == 1)
+        engine.close()
+
+    with pytest.raises(EngineError, match="closed while this call waited"):
+        waiting.result()
+    with pytest.raises(EngineError, match="closed"):
+        engine.generate([[50, 51]], {"max_tokens": 4})
