@@ -1,4 +1,4 @@
-"""Weight-sync strategies: drain is the default; hotswap is named but refused clearly."""
+"""Weight-sync strategies: drain is the default; hotswap is accepted; unknown names refused."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ def test_drain_is_the_default_and_accepted():
     assert check_strategy("drain") == "drain"
 
 
-def test_hotswap_is_refused_as_not_implemented_yet():
-    with pytest.raises(InvalidRequestError, match="'hotswap' is not implemented yet"):
-        check_strategy("hotswap")
+def test_hotswap_is_accepted():
+    assert check_strategy("hotswap") == "hotswap"
 
 
 def test_unknown_strategy_names_the_choices():

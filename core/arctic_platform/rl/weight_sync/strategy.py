@@ -1,8 +1,10 @@
 """How a receiver swaps new weights in while requests are in flight.
 
-``drain`` (the default): in-flight requests finish first, then the weights are swapped and
-the prefix cache reset. ``hotswap`` (swap between decode steps of a running generate) is
-named but not implemented yet, and asking for it is a clear error.
+``drain`` (the default): no new request starts, the running ones finish under the old
+weights, then the weights are swapped and the prefix cache reset. ``hotswap``: the swap
+happens between two decode steps with requests still running; the KV cache of those requests
+is dropped and recomputed under the new weights, so each of them reports the weight versions
+it saw (``weight_version_start``/``_end``, ``weight_version_spans``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from arctic_platform.rl.errors import InvalidRequestError
 
 STRATEGIES = ("drain", "hotswap")
-IMPLEMENTED = ("drain",)
+IMPLEMENTED = ("drain", "hotswap")
 DEFAULT_STRATEGY = "drain"
 
 
@@ -22,7 +24,7 @@ def check_strategy(name: str) -> str:
         )
     if name not in IMPLEMENTED:
         raise InvalidRequestError(
-            f"weight-sync strategy {name!r} is not implemented yet in this version; use 'drain' "
-            "(in-flight requests finish, then the weights are swapped)"
+            f"weight-sync strategy {name!r} is not implemented yet in this version; use "
+            f"one of {', '.join(IMPLEMENTED)}"
         )
     return name
