@@ -310,9 +310,10 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
     k.save_checkpoint()
     saved = k.job_info("training")["global_step"]
     assert saved == STEPS
-    # K goes one step past the checkpoint: the crash loses it
-    k.fwd_bwd(_batch(saved), LOSS)
-    k.step()
+    # K goes one step and a gradient past the checkpoint: the crash loses them
+    k.fwd_bwd(_batch(saved), LOSS, request_id=f"fb-{saved}")
+    k.step(request_id=f"st-{saved}")
+    k.fwd_bwd(_batch(saved + 1), LOSS, request_id=f"fb-{saved + 1}")
     # R continues from the same state, uninterrupted: the losses K must reproduce
     expected = []
     for i in (saved, saved + 1):
@@ -342,10 +343,19 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
     assert sampler["weights_from"].startswith("checkpoint ")  # K's checkpoint, not the base model
     assert sampler["weight_version"] == synced["weight_version"] + 1  # a new version, honestly
     assert s2.weight_norm()["sampling"] == pytest.approx(k2.weight_norm()["training"], rel=1e-5)
+    # request ids outlive the server: one from before the checkpoint is answered, not applied
+    assert k2.step(request_id=f"st-{saved - 1}")["replayed"] is True
+    assert k2.job_info("training")["global_step"] == saved
+    # a late retry of one the crash rolled back is refused, naming the checkpoint step
+    with pytest.raises(ServerError, match=f"checkpoint at step {saved}") as refused:
+        k2.fwd_bwd(_batch(saved + 1), LOSS, request_id=f"fb-{saved + 1}")
+    assert refused.value.status_code == 409 and refused.value.code == "rolled_back"
     got = []
-    for i in (saved, saved + 1):
-        got.append(k2.fwd_bwd(_batch(i), LOSS)["loss"])
-        k2.step()
+    for i in (saved, saved + 1):  # the same ids again, each back on its step: applied anew
+        fb = k2.fwd_bwd(_batch(i), LOSS, request_id=f"fb-{i}")
+        assert "replayed" not in fb
+        got.append(fb["loss"])
+        assert k2.step(request_id=f"st-{i}")["global_step"] == i + 1
     assert got == expected
     assert s2.generate(PROMPTS, GREEDY)["outputs"]
     table = json.loads(table_file.read_text())
