@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from platform_server import platform_live  # noqa: F401  (package-scoped, shared)
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig

@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = DEFAULT_CHUNK_BYTES + 4 * 1024 * 1024
 """A chunk of 60 MiB plus its envelope; whole frames above that must be chunked."""
+MAX_SUB_JOB_NUMBER = 2**63 - 1
+"""Sub-job numbers are SQLite integers; a larger ``?sub_job=`` is a 422, not an overflow."""
 JSON = "application/json"
 OCTET = "application/octet-stream"
 
@@ -70,6 +72,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     "409": {"description": "the job is not running, or a chunk group conflict", "model": ErrorBody},
     "413": {"description": "body over the size limit (chunk it)", "model": ErrorBody},
     "422": {"description": "invalid request; the message names the field", "model": ErrorBody},
+    "429": {
+        "description": "over your GPU reservation, or too many unfinished chunk uploads",
+        "model": ErrorBody,
+    },
 }
 _FRAME_BODY: dict[str, Any] = {
     "requestBody": {
@@ -145,6 +151,8 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:  # FastAPI: a body that cannot be parsed (not UTF-8 JSON)
+            return error_response(422, f"invalid body: {exc.detail}", "invalid_request")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, str(exc.detail), code)
 
@@ -166,7 +174,7 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
     def list_jobs(
         who: User,
         status: Annotated[str | None, Query(max_length=40)] = None,
-        sub_job: Annotated[int | None, Query(ge=0)] = None,
+        sub_job: Annotated[int | None, Query(ge=0, le=MAX_SUB_JOB_NUMBER)] = None,
     ) -> Response:
         """Your jobs: all, those in ``status``, or the one holding sub-job ``sub_job``."""
         return json_response(service.list_jobs(who, status, sub_job))

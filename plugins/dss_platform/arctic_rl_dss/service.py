@@ -28,7 +28,6 @@ from arctic_platform.rl.errors import (
     InvalidRequestError,
     JobNotFoundError,
     JobStateError,
-    NotImplementedInThisVersion,
 )
 from arctic_platform.rl.protocol import decode_frame, encode_frame, validate_batch
 from arctic_platform.rl.wire import describe_errors
@@ -424,7 +423,10 @@ class PlatformService:
     def checkpoint_file(self, user: str, job_id: str, checkpoint_id: str, name: str) -> Path:
         """One file of a checkpoint, confined to the checkpoint's directory."""
         root = Path(self._checkpoint(user, job_id, checkpoint_id)["path"]).resolve()
-        target = (root / name).resolve()
+        try:
+            target = (root / name).resolve()
+        except (OSError, ValueError):  # a NUL byte, a name too long for the file system
+            target = root
         if root not in target.parents or not target.is_file():
             raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} has no file {name!r}")
         return target
@@ -718,9 +720,10 @@ class PlatformService:
 
     def load(self, user: str, job_id: str, body: LoadBody) -> dict[str, Any]:
         """Schedule loading a checkpoint of this job into its training sub-job."""
+        self._job(user, job_id)  # another user's job is a 404 before any check of the body
         if body.source_job_id not in (None, job_id):
-            raise NotImplementedInThisVersion(
-                "loading another job's checkpoint (source_job_id) is not offered by this platform"
+            raise InvalidRequestError(
+                "source_job_id: loading another job's checkpoint is not offered by this platform"
             )
         job, sub = self._sub_job(
             user, job_id, sub_job_id=body.target_sub_job_id, job_type="training", operation="load"
@@ -781,6 +784,7 @@ class PlatformService:
 
     def operation(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
         """A generic operation: async ones answer a request id, inline ones ``{"result"}``."""
+        self._job(user, job_id)  # another user's job is a 404 before any check of the body
         handlers: dict[str, Callable[[str, str, OperationBody], dict[str, Any]]] = {
             "forward": self._op_forward,
             "log-probs": self._op_log_probs,
