@@ -93,6 +93,41 @@ _FRAME_BODY: dict[str, Any] = {
 }
 
 
+class BodyLimit:
+    """ASGI middleware: any request body over ``limit`` bytes is a 413 (declared or streamed)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            message = (
+                f"a body of {int(declared)} bytes is over the limit of {self.limit} bytes; "
+                "send frames over 60 MiB as chunks"
+            )
+            await error_response(413, message, PayloadTooLargeError.code)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Any:
+            nonlocal received
+            message = await receive()
+            if message.get("type") == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise PayloadTooLargeError(
+                        f"the body grew past the limit of {self.limit} bytes"
+                    )
+            return message
+
+        await self.app(scope, limited, send)
+
+
 def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The platform API over ``service``."""
     app = FastAPI(
@@ -151,6 +186,8 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc.__cause__, ArcticRLError):  # raised while FastAPI read the body
+            return error_response(exc.__cause__.status, str(exc.__cause__), exc.__cause__.code)
         if exc.status_code == 400:  # FastAPI: a body that cannot be parsed (not UTF-8 JSON)
             return error_response(422, f"invalid body: {exc.detail}", "invalid_request")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
@@ -304,6 +341,7 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         return json_response(service.get_request(who, job_id, request_id, wait_s))
 
     _install_security(app)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     return app
 
 
@@ -331,4 +369,4 @@ def _install_security(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "build_app", "error_response", "json_response"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "build_app", "error_response", "json_response"]

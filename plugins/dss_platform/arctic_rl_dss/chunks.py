@@ -198,6 +198,14 @@ class ChunkAssembler:
                     "received with other content"
                 )
             if header.chunk_idx not in group.parts:
+                mine = sum(len(p) for p in group.parts.values())
+                if mine + len(data) > header.frame_bytes:
+                    if not group.parts:
+                        del self._groups[key]
+                    raise ChunkError(
+                        f"chunk group {header.chunk_group_id!r} would hold {mine + len(data)} "
+                        f"bytes, more than its frame_bytes {header.frame_bytes}"
+                    )
                 held = sum(
                     len(p) for (o, _, _), g in self._groups.items() if o == owner
                     for p in g.parts.values()
