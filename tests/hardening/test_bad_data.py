@@ -186,3 +186,24 @@ def test_a_sync_listing_thousands_of_job_ids_is_a_422_not_a_server_error(live):
     _refused(live, lambda: call("sync_weights", payload), 422, "sampling_job_ids", "256")
     norms = live.client.transport.call("weight_norm", {"job_ids": [ids["sampling"]] * 200})
     assert list(norms["norms"]) == [str(ids["sampling"])]
+
+
+# --- job creation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("colocate", [False, True])
+def test_initialize_asking_for_more_gpus_than_the_cluster_has_is_a_422_at_once(live, colocate):
+    with live.http() as http:
+        gpus = int(http.get("/status").json()["cluster"]["gpus"])
+        before = set(live.states())
+        # colocated: the largest role sets the bundles (training here); else the job's own count
+        field = "training_gpus" if colocate else "sampling_gpus"
+        config = {"model_name": live.client.config.model_name, "colocate": colocate}
+        config.update(training_gpus=1, sampling_gpus=1, log_prob_gpus=0)
+        config[field] = gpus + 1
+        answer = http.post("/initialize", json={"job_type": "sampling", "config": config})
+    assert answer.status_code == 422, answer.text
+    message = answer.json()["message"]
+    assert f"{field}={gpus + 1}" in message and f"the {gpus} GPUs the Ray cluster has" in message
+    assert set(live.states()) == before, "a refused initialize made a job"
+    live.assert_healthy()

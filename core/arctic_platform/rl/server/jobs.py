@@ -82,6 +82,34 @@ def free_port_range(count: int, low: int = 30000, high: int = 60000) -> int:
     raise RuntimeError(f"no {count} consecutive free ports in {low}..{high}")
 
 
+def _cluster_gpus() -> float | None:
+    """All GPUs of the Ray cluster this process is attached to (None when not attached)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return float(ray.cluster_resources().get("GPU", 0.0))
+
+
+def _check_cluster_has(job_type: str, config: Any) -> None:
+    """422 for a job that asks for more GPUs than the whole cluster has: it could never place.
+
+    A colocated job needs as many bundles as its largest role; others need their own count.
+    """
+    total = _cluster_gpus()
+    if total is None:
+        return
+    fields = ["training_gpus", "sampling_gpus", "log_prob_gpus"]
+    field = max(fields, key=lambda f: getattr(config, f)) if config.colocate else f"{job_type}_gpus"
+    need = getattr(config, field)
+    if need > total:
+        raise InvalidRequestError(
+            f"{field}={need} is more than the {total:g} GPUs the Ray cluster has in all; "
+            "this job could never be placed"
+        )
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) < 20000 else text[:10000] + "\n...\n" + text[-10000:]
@@ -415,6 +443,7 @@ class JobManager:
                 f"the config gives the {job_type} job {num_gpus} GPUs "
                 f"({job_type}_gpus); it needs at least 1"
             )
+        _check_cluster_has(job_type, parsed)
         with self._lock:
             job_id = self._next_id
             self._next_id += 1
