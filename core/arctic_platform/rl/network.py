@@ -8,6 +8,8 @@ import struct
 
 LOOPBACK = "127.0.0.1"
 _SIOCGIFADDR = 0x8915
+_SIOCGIFFLAGS = 0x8913
+_IFF_LOOPBACK = 0x8
 
 
 def _interface_ipv4(ifname: str) -> str | None:
@@ -56,6 +58,27 @@ def primary_ipv4() -> str:
         if addr and not addr.startswith(("127.", "169.254.")):
             return addr
     return LOOPBACK
+
+
+def loopback_interface() -> str | None:
+    """The name of this node's loopback interface (IFF_LOOPBACK set, holding 127.x), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for ifname in names:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                raw = fcntl.ioctl(
+                    s.fileno(), _SIOCGIFFLAGS, struct.pack("256s", ifname[:15].encode())
+                )
+        except OSError:
+            continue
+        flags = struct.unpack_from("H", raw, 16)[0]
+        addr = _interface_ipv4(ifname)
+        if flags & _IFF_LOOPBACK and addr is not None and addr.startswith("127."):
+            return ifname
+    return None
 
 
 def is_loopback(host: str) -> bool:

@@ -82,6 +82,27 @@ def free_port_range(count: int, low: int = 30000, high: int = 60000) -> int:
     raise RuntimeError(f"no {count} consecutive free ports in {low}..{high}")
 
 
+def _gloo_interface_env() -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` = the loopback interface, when every Ray node is on loopback.
+
+    Gloo otherwise picks its interface from the host name, which may resolve to another
+    address than the 127.0.0.1 our process groups rendezvous on. An explicit setting wins.
+    """
+    import os
+
+    import ray
+
+    from arctic_platform.rl.network import is_loopback, loopback_interface
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return {}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if not nodes or not all(is_loopback(str(n.get("NodeManagerAddress", ""))) for n in nodes):
+        return {}
+    name = loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": name} if name else {}
+
+
 def _cluster_gpus() -> float | None:
     """All GPUs of the Ray cluster this process is attached to (None when not attached)."""
     import sys
@@ -517,6 +538,7 @@ class JobManager:
             master_port = free_port()
             remote_cls: Any = ray.remote(EngineWorker)
             workers = []
+            gloo_env = _gloo_interface_env()
             for index, fraction in enumerate(fractions):
                 env = {
                     "RANK": str(index),
@@ -525,6 +547,7 @@ class JobManager:
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(master_port if job.job_type == "training" else free_port()),
                     "ARCTIC_RL_JOB_ID": str(job.job_id),
+                    **gloo_env,
                 }
                 if job.job_type != "training":
                     env["RANK"], env["LOCAL_RANK"] = "0", "0"
