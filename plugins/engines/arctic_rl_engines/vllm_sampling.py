@@ -360,9 +360,19 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         def swap() -> dict[str, Any]:
             in_flight = self.loop.counts()["running_requests"]
             started = time.monotonic()
-            self._load_weights(weights, bucket_bytes, reset_running=strategy == "hotswap")
-            self.weight_version = self.weight_version + 1 if version is None else version
-            self.llm.llm_engine.set_weight_version(str(self.weight_version))
+            engine = self.llm.llm_engine
+            # A multi-process engine core steps on its own: pause it for a hotswap, so no
+            # step runs between the load, the KV reset and the new version label.
+            pause = strategy == "hotswap" and in_flight > 0 and not self.in_process
+            if pause:
+                engine.engine_core.call_utility("pause_scheduler", "keep", False)
+            try:
+                self._load_weights(weights, bucket_bytes, reset_running=strategy == "hotswap")
+                self.weight_version = self.weight_version + 1 if version is None else version
+                engine.set_weight_version(str(self.weight_version))
+            finally:
+                if pause:
+                    engine.engine_core.call_utility("resume_scheduler")
             return {
                 "strategy": strategy,
                 "weight_version": self.weight_version,

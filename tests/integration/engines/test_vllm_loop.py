@@ -234,3 +234,94 @@ def test_close_fails_waiting_calls_clearly(tiny_model_path, vllm_test_config):
         waiting.result()
     with pytest.raises(EngineError, match="closed"):
         engine.generate([[50, 51]], {"max_tokens": 4})
+
+
+MULTIPROCESS_HOTSWAP = """
+import json, sys, threading, time
+import torch, transformers
+from arctic_platform.rl.config import ArcticRLClientConfig
+from arctic_rl_engines.vllm_sampling import VLLMSamplingEngine
+
+
+def log_probs(model, prompt, completion):
+    ids = prompt + completion
+    with torch.no_grad():
+        table = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    return [float(table[len(prompt) + j - 1, t]) for j, t in enumerate(completion)]
+
+
+def diff(a, b):
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def main():
+    path = sys.argv[1]
+    config = ArcticRLClientConfig(
+        model_name=path, sampling_gpus=1, host="127.0.0.1", port=7000,
+        vllm_config={"kv_cache_memory_bytes": 128 << 20},
+    )
+    engine = VLLMSamplingEngine(config)
+    old = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    new = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(1.1)
+    prompt = [(7 * i) % 300 + 40 for i in range(140)]
+    out = {}
+    params = {"max_tokens": 400, "ignore_eos": True, "seed": 3}
+    long = threading.Thread(target=lambda: out.update(long=engine.generate([prompt], params)))
+    long.start()
+    deadline = time.monotonic() + 120
+    while engine.loop.counts()["steps"] < 20 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    report = engine.swap_weights(new.state_dict().items(), strategy="hotswap")
+    later = engine.generate([prompt], {"max_tokens": 16, "seed": 4})[0]["completions"][0]
+    long.join(120)
+    mixed = out["long"][0]["completions"][0]
+    spans = mixed.get("weight_version_spans") or []
+    cut = spans[0][2] if len(spans) == 2 else 0
+    tokens, got = mixed["token_ids"], mixed["logprobs"]
+    result = {
+        "in_process": engine.in_process, "report": report, "spans": spans,
+        "old_diff": diff(log_probs(old, prompt, tokens)[:cut], got[:cut]),
+        "new_diff": diff(log_probs(new, prompt, tokens)[cut:], got[cut:]),
+        "later_diff": diff(log_probs(new, prompt, later["token_ids"]), later["logprobs"]),
+        "later_versions": [later["weight_version_start"], later["weight_version_end"]],
+    }
+    engine.close()
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_hotswap_in_a_multiprocess_engine_pauses_its_core_for_the_swap(tiny_model_path, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "vllm_multiprocess_hotswap.py"
+    script.write_text(MULTIPROCESS_HOTSWAP)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), tiny_model_path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    print(f"multi-process hotswap: {result}")
+
+    assert result["in_process"] is False
+    assert result["report"]["requests_in_flight"] == 1
+    [[v0, start, cut], [v1, cut_again, end]] = result["spans"]
+    assert (v1, start, cut_again, end) == (v0 + 1, 0, cut, 400) and 0 < cut < 400
+    assert result["old_diff"] < TOLERANCE and result["new_diff"] < TOLERANCE
+    assert result["later_diff"] < TOLERANCE
+    assert result["later_versions"] == [v1, v1]
