@@ -108,7 +108,9 @@ def open_chunk(payload: Any) -> tuple[ChunkHeader, bytes]:
     try:
         header = ChunkHeader.model_validate(payload[_HEADER_KEY])
     except ValidationError as exc:
-        raise ChunkError(f"invalid chunk header: {exc.errors()[0]['msg']}") from None
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        raise ChunkError(f"invalid chunk header: {where}: {error['msg']}") from None
     data = payload.get(_PAYLOAD_KEY)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
         raise ChunkError("the chunk payload must be a one-dimensional uint8 tensor")
