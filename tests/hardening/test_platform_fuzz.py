@@ -138,7 +138,7 @@ def test_fuzzing_every_platform_operation_gives_no_server_error_and_the_job_keep
     platform_live: LivePlatform,
 ):
     live = platform_live
-    report = _fuzz_alice(live, examples_per_mode(15))
+    report = _fuzz_alice(live, examples_per_mode(25))
     print(
         f"\nplatform fuzzing (alice): {report.requests} requests, by status "
         f"{dict(sorted(report.by_status.items()))}, {len(report.by_operation)} operations, "
@@ -191,7 +191,7 @@ def test_fuzzing_with_another_users_token_at_alices_ids_is_always_a_404(
             if response.status_code != 404 or set(response.json()) != {"message", "code"} or leaked:
                 wrong.append((name, case.formatted_path, response.status_code, body[:300]))
 
-        _run(operation, examples_per_mode(10), GenerationMode.POSITIVE, send)
+        _run(operation, examples_per_mode(15), GenerationMode.POSITIVE, send)
     print(
         f"\nplatform fuzzing (bob at alice's ids): {report.requests} requests, by status "
         f"{dict(sorted(report.by_status.items()))}, {len(report.by_operation)} operations"
