@@ -16,7 +16,8 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,24 @@ ARCTIC_INFERENCE_KEYS = (
     "fca_configs",
 )
 ARCTIC_INFERENCE_INSTALL = "pip install 'arctic-inference[vllm]'"
+
+
+_OPEN_IN_PROCESS: set[int] = set()
+"""ids of the open in-process engines of this process (they share vLLM's distributed state)."""
+
+
+@contextmanager
+def _distributed_state_kept() -> Iterator[None]:
+    """While open, vLLM's engine-core shutdown frees memory but leaves the process-wide
+    distributed groups alone (another in-process engine still uses them)."""
+    import vllm.v1.engine.core as core_module
+
+    original = core_module.cleanup_dist_env_and_memory
+    core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
+    try:
+        yield
+    finally:
+        core_module.cleanup_dist_env_and_memory = original
 
 
 def cuda_available() -> bool:
@@ -315,6 +334,8 @@ class VLLMEngine(Engine):
         self.vocab_size: int = int(model_config.get_vocab_size())
         self.max_logprobs: int = int(model_config.max_logprobs)
         self.in_process: bool = type(self._llm.llm_engine.engine_core).__name__ == "InprocClient"
+        if self.in_process:
+            _OPEN_IN_PROCESS.add(id(self))
         if self.in_process and not self._cuda:
             # vLLM's CPU worker disables torch.set_num_threads process-wide, for the thread
             # binding of its worker processes; an in-process engine binds nothing, so the host
@@ -484,8 +505,13 @@ class VLLMEngine(Engine):
         llm, self._llm = self._llm, None
         if llm is None:
             return
+        _OPEN_IN_PROCESS.discard(id(self))
+        # vLLM's shutdown tears down the process-wide distributed groups: only the last
+        # in-process engine may do that, or closing one engine breaks the others.
+        keep = self.in_process and bool(_OPEN_IN_PROCESS)
         try:
-            llm.llm_engine.engine_core.shutdown()
+            with _distributed_state_kept() if keep else nullcontext():
+                llm.llm_engine.engine_core.shutdown()
         finally:
             del llm
             gc.collect()

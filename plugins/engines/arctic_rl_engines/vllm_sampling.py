@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -269,6 +270,7 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         self.weight_version = 0
         self.llm.llm_engine.set_weight_version(str(self.weight_version))
         self.loop = GenerationLoop(self.llm.llm_engine, name="vllm-sampling-loop")
+        self._tokenizer_lock = threading.Lock()
         self.last_swap: dict[str, Any] = {}
 
     def prompt_token_ids(self, prompts: list[str] | list[list[int]]) -> list[list[int]]:
@@ -282,7 +284,8 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 tokenizer = tokenizer or self.tokenizer
-                ids = list(tokenizer.encode(prompt))
+                with self._tokenizer_lock:  # HF fast tokenizers are not safe to share
+                    ids = list(tokenizer.encode(prompt))
             else:
                 ids = as_token_ids(prompt, f"prompts[{i}]", self.vocab_size)
             if not ids:

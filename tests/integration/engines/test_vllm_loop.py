@@ -100,7 +100,7 @@ class Background:
 
 def test_concurrent_generates_share_batches_and_each_gets_exactly_its_own_outputs(engine):
     calls = 6
-    prompts = {i: [[40 + i, 41 + i, 42 + i], [90 + i, 91]] for i in range(calls)}
+    prompts = {i: [[40 + i, 41 + i, 42 + i], f"{i} + {i} ="] for i in range(calls)}
     params = {i: {"n": 2, "max_tokens": 12, "seed": 100 + i} for i in range(calls)}
     alone = {i: engine.generate(prompts[i], params[i]) for i in range(calls)}
     steps_before = engine.loop_stats()["steps"]
