@@ -12,6 +12,8 @@ runs and serves. Bob then sends valid requests at alice's ids: every answer is a
 from __future__ import annotations
 
 import time
+import uuid
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -22,10 +24,26 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from platform_server import ALICE, BOB, LivePlatform
 
+from arctic_platform.rl.protocol import encode_frame
+from arctic_rl_dss.chunks import encode_chunks
+
 pytestmark = pytest.mark.slow
 
 SKIP = frozenset({"cancel_job"})
 SUB_JOB_FIELDS = ("sub_job_id", "target_sub_job_id")
+
+
+def _fb_frame(_: int) -> bytes:
+    batch = {"input_ids": [[1, 2, 3, 4]], "advantages": [1.0]}
+    frame = encode_frame({"batch": batch})
+    return encode_chunks(frame, "forward-backward", uuid.uuid4().hex)[0]
+
+
+def _generate_frame(_: int) -> bytes:
+    return encode_frame({"prompts": ["1 + 2 ="], "sampling_params": {"max_tokens": 2}})
+
+
+VALID_FRAMES = {"forward_backward": _fb_frame, "generate": _generate_frame}
 
 
 def _operations(base_url: str) -> list[tuple[str, Any]]:
@@ -57,6 +75,8 @@ def _aim(case: Any, name: str, live: LivePlatform, pick: int, always: bool) -> N
     if "checkpoint_id" in params and (always or name != "delete_checkpoint"):
         params["checkpoint_id"] = live.checkpoint_ids[0]
     body = case.body
+    if name in VALID_FRAMES and pick == 1:  # a well-formed frame: the data plane runs for real
+        case.body = VALID_FRAMES[name](pick)
     if isinstance(body, dict):
         for field in SUB_JOB_FIELDS:
             if isinstance(body.get(field), str):
@@ -158,7 +178,9 @@ def test_fuzzing_every_platform_operation_gives_no_server_error_and_the_job_keep
         ]
     server_errors = [f for f in failed if (f["error_status"] or 0) >= 500]
     assert not server_errors, server_errors
-    print(f"scheduled by the fuzzing: {len(records)} requests, {len(failed)} failed (4xx)")
+    done = Counter(r["operation"] for r in records if r["status"] == "done")
+    print(f"requests: {len(records)}, {len(failed)} failed (4xx), done {dict(done)}")
+    assert done["forward-backward"] >= 2 and done["generate"] >= 2  # fuzzed frames ran too
     live.assert_healthy()
     with live.http() as http:  # fuzzed creates were refused (alice's reservation is full)
         assert [j["job_id"] for j in http.get("/").json()["jobs"]] == [live.job_id]
