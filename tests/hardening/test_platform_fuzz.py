@@ -43,6 +43,11 @@ def _generate_frame(_: int) -> bytes:
     return encode_frame({"prompts": ["1 + 2 ="], "sampling_params": {"max_tokens": 2}})
 
 
+OPERATIONS = (
+    "forward", "log-probs", "weight-sync", "weight-norm", "reset-prefix-cache",
+    "empty-training-cache", "sleep", "wake", "cancel-request",
+)  # fmt: skip
+"""The operation types the platform knows: fuzzed payloads reach their handlers."""
 VALID_FRAMES = {"forward_backward": _fb_frame, "generate": _generate_frame}
 
 
@@ -77,6 +82,8 @@ def _aim(case: Any, name: str, live: LivePlatform, pick: int, always: bool) -> N
     body = case.body
     if name in VALID_FRAMES and pick == 1:  # a well-formed frame: the data plane runs for real
         case.body = VALID_FRAMES[name](pick)
+    if isinstance(body, dict) and name == "operation" and pick in (1, 2):
+        body["operation_type"] = OPERATIONS[(pick + len(str(body))) % len(OPERATIONS)]
     if isinstance(body, dict):
         for field in SUB_JOB_FIELDS:
             if isinstance(body.get(field), str):
@@ -241,3 +248,34 @@ def test_cancel_of_a_job_that_is_not_yours_or_does_not_exist_is_a_404(platform_l
             assert answer.json()["code"] == "job_not_found"
             assert live.job_id not in answer.text or job_id == live.job_id
     live.assert_healthy()
+
+
+WRONG_PAYLOADS = [
+    ("weight-norm", {"sub_job_ids": 5}),
+    ("weight-norm", {"sub_job_ids": "abc"}),
+    ("weight-norm", {"sub_job_ids": [{"a": 1}]}),
+    ("weight-sync", {"target_sub_job_ids": "x"}),
+    ("weight-sync", {"source_sub_job_id": {"a": 1}}),
+    ("weight-sync", {"target_sub_job_ids": [5]}),
+    ("sleep", {"level": "deep"}),
+    ("sleep", {"level": -1}),
+    ("wake", {"level": [1]}),
+    ("cancel-request", {"request_id": {"a": 1}}),
+    ("forward", {"payload_b64": 5}),
+    ("forward", {"payload_b64": "!!"}),
+    ("forward", {"batch": "rows"}),
+    ("log-probs", {"prompts": 5}),
+]
+
+
+@pytest.mark.parametrize(("operation", "payload"), WRONG_PAYLOADS)
+def test_known_operations_with_payloads_of_the_wrong_shape_are_a_4xx(
+    platform_live, operation, payload
+):
+    live = platform_live
+    with live.http() as http:
+        answer = http.post(
+            f"/{live.job_id}/operation", json={"operation_type": operation, "payload": payload}
+        )
+    assert 400 <= answer.status_code < 500, answer.text
+    assert set(answer.json()) >= {"message", "code"}

@@ -879,7 +879,9 @@ class PlatformService:
         ids = body.payload.get("sub_job_ids")
         subs = self.store.sub_jobs(user, job_id)
         if ids is not None:
-            subs = [self._sub_job(user, job_id, sub_job_id=str(i))[1] for i in ids]
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise InvalidRequestError("payload.sub_job_ids must be a list of sub-job ids")
+            subs = [self._sub_job(user, job_id, sub_job_id=i)[1] for i in ids]
         for sub in subs:
             self._running(job, sub)
         answer = self.rl.handle("weight_norm", {"job_ids": [s.engine_id for s in subs]})
