@@ -275,8 +275,11 @@ class PlatformService:
         config[f"{core}_gpus"] = sub.n_gpus
         if sub.training_config is not None:
             extra = {k: v for k, v in sub.training_config.items() if k != "n_gpus"}
+            given = config.get("training_config") or {}
+            if not isinstance(given, dict):
+                raise InvalidRequestError("arctic_rl_config.training_config must be an object")
             if extra:
-                config["training_config"] = {**(config.get("training_config") or {}), **extra}
+                config["training_config"] = {**given, **extra}
         if sub.inference_config is not None:
             unknown = set(sub.inference_config) - {"n_gpus", "max_seq_len"}
             if unknown:

@@ -77,3 +77,13 @@ def test_a_chunk_group_may_not_hold_more_than_its_frame_bytes():
     with pytest.raises(ChunkError, match="more than its frame_bytes 10"):
         assembler.add("alice", "job", header, data)
     assert assembler.pending("alice", "job", "g") is None
+
+
+@pytest.mark.parametrize("given", [5, [1], "x"])
+def test_a_training_config_that_is_not_an_object_is_a_422(tmp_path, given):
+    sub = {"job_type": "training", "model_name": "m", "training_config": {"n_gpus": 1, "x": 1}}
+    body = {"sub_job_configs": [{**sub, "arctic_rl_config": {"training_config": given}}]}
+    request = {"method": "POST", "url": "/", "json": body, "headers": AUTH}
+    (answer,) = _send(tmp_path, 10_000, request)
+    assert answer.status_code == 422, answer.text  # was a 500 (TypeError)
+    assert "arctic_rl_config.training_config" in answer.json()["message"]
