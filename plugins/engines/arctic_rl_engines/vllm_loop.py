@@ -86,8 +86,11 @@ class LoopStats:
 class GenerationLoop:
     """One thread that owns a vLLM ``LLMEngine``: admits calls between steps, runs tasks."""
 
-    def __init__(self, engine: Any, name: str = "vllm-loop") -> None:
+    def __init__(
+        self, engine: Any, name: str = "vllm-loop", ready: Callable[[], Any] | None = None
+    ) -> None:
         self._engine = engine
+        self._ready = ready  # raises when the engine may not take requests now (asleep)
         self._cond = threading.Condition()
         self._queued: deque[_Call] = deque()
         self._tasks: deque[_Task] = deque()
@@ -231,6 +234,12 @@ class GenerationLoop:
     def _admit(self, call: _Call) -> None:
         """Add one call's requests; a request vLLM refuses fails that call only."""
         added: list[str] = []
+        if self._ready is not None:
+            try:
+                self._ready()
+            except Exception as exc:  # e.g. put to sleep after this call was checked
+                call.fail(exc)
+                return
         try:
             for rid, prompt, params in zip(
                 call.request_ids, call.prompts, call.params, strict=True

@@ -269,7 +269,9 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         super().__init__(config, context or EngineContext(role="sampling"))
         self.weight_version = 0
         self.llm.llm_engine.set_weight_version(str(self.weight_version))
-        self.loop = GenerationLoop(self.llm.llm_engine, name="vllm-sampling-loop")
+        self.loop = GenerationLoop(
+            self.llm.llm_engine, name="vllm-sampling-loop", ready=self._ready
+        )
         self._tokenizer_lock = threading.Lock()
         self.last_swap: dict[str, Any] = {}
 
