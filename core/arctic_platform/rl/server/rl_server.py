@@ -374,12 +374,10 @@ class RLServer:
             return {"path": str(paths[0]), "global_step": int(step)}
 
     def load_checkpoint(self, request: wire.LoadCheckpointRequest) -> dict[str, Any]:
-        """Load by path, by step, or the latest checkpoint; returns the restored global step.
-
-        The recorded path goes to the training engine, whose discovery resolves it (a save cut
-        short between its renames leaves the complete copy hidden); the table then keeps the
-        step the engine restored for that path.
-        """
+        """Load by path, by step, or the latest checkpoint; returns the restored global step."""
+        # The recorded path goes to the training engine, whose discovery resolves it (a save cut
+        # short between its renames leaves the complete copy hidden); the table then keeps the
+        # step the engine restored for that path.
         job = self.jobs.running(request.job_id, "training")
         explicit = self._confined(job, request.path) if request.path is not None else None
         with job.lock:
