@@ -30,6 +30,7 @@ from arctic_rl_dss.chunks import encode_chunks
 pytestmark = pytest.mark.slow
 
 SKIP = frozenset({"cancel_job"})
+TERMINAL = ("cancelled", "failed", "terminated")
 SUB_JOB_FIELDS = ("sub_job_id", "target_sub_job_id")
 
 
@@ -43,6 +44,12 @@ def _generate_frame(_: int) -> bytes:
     return encode_frame({"prompts": ["1 + 2 ="], "sampling_params": {"max_tokens": 2}})
 
 
+CONFIG_OF = {
+    "training": ("training_config", "inference_config"),
+    "sampling": ("inference_config", "training_config"),
+    "log_probability": ("inference_config", "training_config"),
+}
+"""Which config a sub-job type takes (and must not): fuzzed creates get ``n_gpus`` = 1."""
 OPERATIONS = (
     "forward", "log-probs", "weight-sync", "weight-norm", "reset-prefix-cache",
     "empty-training-cache", "sleep", "wake", "cancel-request",
@@ -82,6 +89,13 @@ def _aim(case: Any, name: str, live: LivePlatform, pick: int, always: bool) -> N
     body = case.body
     if name in VALID_FRAMES and pick == 1:  # a well-formed frame: the data plane runs for real
         case.body = VALID_FRAMES[name](pick)
+    if isinstance(body, dict) and name == "create_job":
+        for sub in body.get("sub_job_configs") or []:
+            if isinstance(sub, dict) and sub.get("job_type") in CONFIG_OF:
+                wanted, other = CONFIG_OF[sub["job_type"]]
+                given = sub.get(wanted) if wanted == "training_config" else None
+                sub[wanted] = {**(given or {}), "n_gpus": 1}
+                sub.pop(other, None)
     if isinstance(body, dict) and name == "operation" and pick in (1, 2):
         body["operation_type"] = OPERATIONS[(pick + len(str(body))) % len(OPERATIONS)]
     if isinstance(body, dict):
@@ -108,7 +122,10 @@ def _run(operation: Any, examples: int, mode: Any, send: Any) -> None:
     test()
 
 
-def _fuzz_alice(live: LivePlatform, examples: int) -> FuzzReport:
+def _fuzz_alice(
+    live: LivePlatform, examples: int, token: str = ALICE, only: str | None = None
+) -> FuzzReport:
+    """Every operation (or ``only`` one) as ``token``; raises on the first failed check."""
     from schemathesis.checks import not_a_server_error
     from schemathesis.generation import GenerationMode
     from schemathesis.specs.openapi.checks import (
@@ -125,9 +142,11 @@ def _fuzz_alice(live: LivePlatform, examples: int) -> FuzzReport:
         content_type_conformance,
         response_schema_conformance,
     ]
-    headers = {"Authorization": f"Bearer {ALICE}"}
+    headers = {"Authorization": f"Bearer {token}"}
     report = FuzzReport()
     for name, operation in _operations(live.base_url):
+        if only is not None and name != only:
+            continue
         if name in SKIP:
             report.skipped.append(name)
             continue
@@ -235,6 +254,29 @@ def test_fuzzing_with_another_users_token_at_alices_ids_is_always_a_404(
     with live.http() as http:
         listed = http.get(f"/{live.job_id}/checkpoints").json()["checkpoints"]
     assert "fuzz-ckpt" in [c["checkpoint_id"] for c in listed]
+
+
+def test_fuzzing_job_creation_as_bob_gives_no_server_error_and_leaves_alice_alone(
+    platform_live: LivePlatform,
+):
+    """Bob has no reservation, so valid creates reach the engines (and wait for GPUs)."""
+    live = platform_live
+    report = _fuzz_alice(live, examples_per_mode(15), token=BOB, only="create_job")
+    print(
+        f"\nplatform fuzzing (bob creates): {report.requests} requests, by status "
+        f"{dict(sorted(report.by_status.items()))}"
+    )
+    assert report.by_operation["create_job"] == report.requests > 0
+    with live.http(BOB) as http:
+        jobs = http.get("/").json()["jobs"]
+        for job in jobs:
+            answer = http.post(f"/{job['job_id']}:cancel")
+            assert answer.status_code in (200, 409), answer.text  # 409: it failed on its own
+        left = [j for j in http.get("/").json()["jobs"] if j["status"] not in TERMINAL]
+        assert http.get("/capacity").json()["in_use_gpus"] == 0
+    print(f"bob's fuzzed creates made {len(jobs)} jobs; all cancelled or failed")
+    assert not left, left
+    live.assert_healthy()
 
 
 @pytest.mark.parametrize("token", [ALICE, BOB])
