@@ -113,7 +113,8 @@ class SyncWeightsRequest(_Request):
         default="drain",
         max_length=32,
         description="How targets swap weights while requests are in flight: 'drain' "
-        "(finish in-flight requests first); 'hotswap' is not implemented yet.",
+        "(finish in-flight requests first) or 'hotswap' (swap between decode steps; "
+        "a completion then reports the weight versions it saw).",
     )
 
     _distinct_ids = field_validator("sampling_job_ids", "log_prob_job_ids")(_distinct)

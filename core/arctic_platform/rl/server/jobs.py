@@ -37,6 +37,8 @@ from arctic_platform.rl.server.job_table import (
 
 logger = logging.getLogger(__name__)
 
+SAMPLING_CONCURRENCY = 256
+"""Calls a sampling worker accepts at once (its engine batches them); other roles take 4."""
 COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
 HF_EXPORT_DIR = "hf"
 """Where a training checkpoint keeps its Hugging Face export (the deepspeed engine's layout);
@@ -556,7 +558,8 @@ class JobManager:
                 worker = remote_cls.options(
                     num_cpus=0,
                     num_gpus=fraction,
-                    max_concurrency=4,
+                    # sampling calls meet in the engine's request loop and share batches
+                    max_concurrency=SAMPLING_CONCURRENCY if job.job_type == "sampling" else 4,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=index
                     ),
