@@ -100,6 +100,11 @@ class GenerationLoop:
         self._closed: str | None = None
         self._numbers = itertools.count()
         self.stats = LoopStats()
+        import torch
+
+        # a new thread starts with OpenMP's default thread count; the engine was built (and
+        # its CPU attention metadata sized) with the creating thread's count: keep it
+        self._torch_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -189,6 +194,10 @@ class GenerationLoop:
 
     def _run(self) -> None:
         try:
+            import torch
+
+            if torch.get_num_threads() != self._torch_threads:
+                torch.set_num_threads(self._torch_threads)
             self._loop()
         except BaseException as exc:  # a bug in the loop itself: say so to every waiter
             logger.exception("the vLLM generation loop stopped")
