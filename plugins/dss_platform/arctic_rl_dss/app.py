@@ -310,7 +310,17 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         """Schedule generation: a frame of {prompts, sampling_params}, chunked when large."""
         return json_response(await run_in_threadpool(service.generate, who, job_id, body), 202)
 
-    @app.post("/{job_id}/operation", tags=["data"], responses=_ERRORS)
+    @app.post(
+        "/{job_id}/operation",
+        tags=["data"],
+        responses={
+            **_ERRORS,
+            "202": {
+                "description": "an asynchronous operation was accepted: poll its request_id",
+                "model": SubmittedRequest,
+            },
+        },
+    )
     def operation(who: User, job_id: str, body: OperationBody) -> Response:
         """A generic operation: async ones answer {request_id}, inline ones {result}."""
         answer = service.operation(who, job_id, body)
