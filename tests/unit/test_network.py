@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from arctic_platform.rl.network import _interface_ipv4, loopback_interface
+import pytest
+
+from arctic_platform.rl.network import _interface_ipv4, listening_socket, loopback_interface
 
 
 def test_the_loopback_interface_is_found_by_its_flag_and_holds_a_127_address():
@@ -19,3 +21,15 @@ def test_the_loopback_interface_is_found_by_its_flag_and_holds_a_127_address():
         server.listen(1)
         with socket.create_connection(("127.0.0.1", server.getsockname()[1]), timeout=5):
             pass
+
+
+def test_listening_socket_listens_and_a_taken_port_is_an_oserror():
+    first = listening_socket("127.0.0.1", 0, 4)
+    try:
+        port = first.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        with pytest.raises(OSError):
+            listening_socket("127.0.0.1", port, 4)
+    finally:
+        first.close()

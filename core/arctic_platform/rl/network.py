@@ -81,6 +81,20 @@ def loopback_interface() -> str | None:
     return None
 
 
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (IPv4 or IPv6) and listening; OSError if it can't."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def is_loopback(host: str) -> bool:
     """True when ``host`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
     return host in ("localhost", "::1") or host.startswith("127.")

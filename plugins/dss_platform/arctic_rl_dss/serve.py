@@ -12,21 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.network import is_loopback
+from arctic_platform.rl.network import is_loopback, listening_socket
 from arctic_rl_dss.users import Users
 
 logger = logging.getLogger(__name__)
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
+        sock = listening_socket(host, port, 2048)
     except OSError as exc:
-        sock.close()
         raise ArcticRLError(f"cannot listen on {host}:{port}: {exc}") from exc
     return sock
 

@@ -8,7 +8,7 @@ import socket
 import threading
 
 from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.network import is_loopback
+from arctic_platform.rl.network import is_loopback, listening_socket
 from arctic_platform.rl.server.rl_server import RLServer
 from arctic_rl_http.app import DEFAULT_MAX_REQUEST_BYTES, build_app
 
@@ -24,14 +24,9 @@ class ServeError(ArcticRLError):
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
+        sock = listening_socket(host, port, 2048)
     except OSError as exc:
-        sock.close()
         raise ServeError(f"cannot listen on {host}:{port}: {exc}") from exc
     sock.set_inheritable(True)
     return sock

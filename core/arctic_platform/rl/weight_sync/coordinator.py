@@ -104,18 +104,9 @@ def _timedelta(seconds: float) -> datetime.timedelta:
 
 def _listen(host: str, port: int) -> int:
     """A socket listening on ``host:port`` only, as a file descriptor the store takes over."""
-    import socket
+    from arctic_platform.rl.network import listening_socket
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(16)
-    except BaseException:
-        sock.close()
-        raise
-    return sock.detach()
+    return listening_socket(host, port, 16).detach()
 
 
 def _await_listener(host: str, port: int, deadline: float) -> None:
