@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import pytest
+from engine_program import run_engine_program
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -418,24 +419,9 @@ if __name__ == "__main__":
 
 
 def test_multiprocess_engine_takes_weights_as_safetensors_buckets(tiny_model_path, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "vllm_multiprocess_engine.py"
-    script.write_text(MULTIPROCESS_PROGRAM)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, str(script), tiny_model_path],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_engine_program(
+        MULTIPROCESS_PROGRAM, tiny_model_path, tmp_path, "vllm_multiprocess_engine.py"
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
     print(f"multi-process engine: {result}")
 
     assert result["in_process"] is False
