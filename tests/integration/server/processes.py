@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import psutil
 
@@ -44,3 +46,20 @@ def reap(pids: set[int], grace: float = 30.0) -> list[int]:
         except ProcessLookupError:
             pass
     return killed
+
+
+def kill_loop_after_fwd_bwd(command: list[str], log_file: Path, step: int) -> None:
+    """Run the fault loop ``command`` and SIGKILL it once it logged ``fwd_bwd`` of ``step``
+    (before its ``step``); the loop pauses after each phase so the kill lands there."""
+    marker = f'"i": {step}, "phase": "fwd_bwd"'
+    process = subprocess.Popen(command, env={**os.environ, "LOOP_PAUSE": "2"})
+    try:
+        deadline = time.monotonic() + 120
+        while marker not in (log_file.read_text() if log_file.exists() else ""):
+            assert process.poll() is None, "the loop process ended before it was killed"
+            assert time.monotonic() < deadline, f"the loop never logged {marker}"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()

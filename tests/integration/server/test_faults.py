@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from fault_loop import LOSS
 from fault_loop import batch as _batch
-from processes import descendants, reap
+from processes import descendants, kill_loop_after_fwd_bwd, reap
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -211,19 +211,7 @@ def test_a_client_killed_mid_loop_is_replaced_and_the_losses_equal_an_uninterrup
     config_file, log_file = tmp_path / "reconnect.json", tmp_path / "loop.jsonl"
     config_file.write_text(k.reconnect_config().model_dump_json())
     command = [sys.executable, str(LOOP), str(config_file), str(log_file), str(STEPS)]
-    first = subprocess.Popen(command, env={**os.environ, "LOOP_PAUSE": "2"})
-    try:
-        deadline = time.monotonic() + 120
-        while '"i": 3, "phase": "fwd_bwd"' not in (
-            log_file.read_text() if log_file.exists() else ""
-        ):
-            assert first.poll() is None, "the loop process ended before it was killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        first.send_signal(signal.SIGKILL)  # after fwd_bwd(3), before step(3)
-    finally:
-        first.kill()
-        first.wait()
+    kill_loop_after_fwd_bwd(command, log_file, 3)  # before step(3)
     assert k.job_info("training")["global_step"] == 3  # the gradient of step 3 is pending
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)

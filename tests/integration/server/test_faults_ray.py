@@ -20,7 +20,7 @@ import time
 
 import pytest
 from fault_loop import LOSS, batch
-from processes import descendants, reap
+from processes import descendants, kill_loop_after_fwd_bwd, reap
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -109,19 +109,7 @@ def test_a_killed_ray_driver_is_replaced_and_the_repeated_fwd_bwd_is_not_applied
     finally:
         client.close()  # leave the Ray cluster; the job stays
     command = [sys.executable, LOOP, str(config_file), str(log_file), str(STEPS)]
-    first = subprocess.Popen(command, env={**os.environ, "LOOP_PAUSE": "2"})
-    try:
-        deadline = time.monotonic() + 120
-        while '"i": 2, "phase": "fwd_bwd"' not in (
-            log_file.read_text() if log_file.exists() else ""
-        ):
-            assert first.poll() is None, "the loop process ended before it was killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        first.send_signal(signal.SIGKILL)  # after fwd_bwd(2), before step(2)
-    finally:
-        first.kill()
-        first.wait()
+    kill_loop_after_fwd_bwd(command, log_file, 2)  # before step(2)
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
