@@ -170,8 +170,15 @@ class ArcticRLClient:
         loss_fn: str = "grpo",
         loss_config: dict[str, Any] | None = None,
         request_id: str | None = None,
+        *,
+        return_log_probs: bool = False,
+        forward_only: bool = False,
     ) -> dict[str, Any]:
         """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...).
+
+        ``return_log_probs`` adds ``log_probs`` (per row, per token; entry 0 is 0.0);
+        ``forward_only`` computes the same without a gradient. A batch may carry
+        ``target_tokens`` (the token each position scores) and per-token ``weights``.
 
         A call repeated with the same ``request_id`` (default: a fresh one, also used by the
         client's own retries) returns the first result and applies no second gradient, also
@@ -185,6 +192,9 @@ class ArcticRLClient:
             "loss_config": loss_config,
             "request_id": request_id or uuid.uuid4().hex,
         }
+        if return_log_probs or forward_only:
+            payload["return_log_probs"] = return_log_probs
+            payload["forward_only"] = forward_only
         return dict(self._call_retrying("fwd_bwd", payload))
 
     def fwd_no_grad(
@@ -199,18 +209,36 @@ class ArcticRLClient:
         return list(self.transport.call("fwd_no_grad", payload)["log_probs"])
 
     def step(
-        self, learning_rate: float | None = None, request_id: str | None = None
+        self,
+        learning_rate: float | None = None,
+        request_id: str | None = None,
+        *,
+        beta1: float | None = None,
+        beta2: float | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        grad_clip_norm: float | None = None,
     ) -> dict[str, Any]:
         """One optimizer step: ``global_step``, ``lr``, ``grad_norm``.
 
-        Repeating it with the same ``request_id`` returns the first result without a second step
-        (or code ``rolled_back`` when a restore to an earlier checkpoint undid that step).
+        AdamW's ``beta1``, ``beta2``, ``eps``, ``weight_decay`` and ``grad_clip_norm`` (0: no
+        clipping), when given, hold from this step on. Repeating it with the same
+        ``request_id`` returns the first result without a second step (or code
+        ``rolled_back`` when a restore to an earlier checkpoint undid that step).
         """
-        payload = {
+        payload: dict[str, Any] = {
             "job_id": self._job("training"),
             "learning_rate": learning_rate,
             "request_id": request_id or uuid.uuid4().hex,
         }
+        adam = {
+            "beta1": beta1,
+            "beta2": beta2,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "grad_clip_norm": grad_clip_norm,
+        }
+        payload.update({k: v for k, v in adam.items() if v is not None})
         return dict(self._call_retrying("step", payload))
 
     def save_checkpoint(self, tag: str | None = None) -> str:

@@ -24,8 +24,19 @@ _RAGGED = "__ragged__"
 MAX_NESTING = 64
 """Deepest nesting a frame's skeleton may have; real payloads need a handful of levels."""
 
-BATCH_FIELDS = ("input_ids", "loss_mask", "advantages", "old_log_probs", "ref_log_probs")
+BATCH_FIELDS = (
+    "input_ids",
+    "loss_mask",
+    "weights",
+    "advantages",
+    "old_log_probs",
+    "ref_log_probs",
+    "target_tokens",
+)
 PER_TOKEN_FIELDS = ("loss_mask", "old_log_probs", "ref_log_probs")
+"""Float fields with one value per token of ``input_ids``. ``weights`` is another name for
+``loss_mask`` (per-token loss weights); ``target_tokens[i]`` (for i >= 1), when given, is the
+token whose log-prob entry ``i`` scores instead of ``input_ids[i]``: ``log p(target_i | x_<i)``."""
 
 
 class FrameError(InvalidRequestError):
@@ -208,6 +219,9 @@ def validate_batch(
             )
         lengths.append(len(row))
     out: dict[str, Any] = {"input_ids": [list(map(int, r)) for r in ids]}
+    batch = _weights_as_loss_mask(batch)
+    if batch.get("target_tokens") is not None:
+        out["target_tokens"] = _target_tokens(batch["target_tokens"], lengths, vocab_size)
     for name in PER_TOKEN_FIELDS:
         if name not in batch or batch[name] is None:
             continue
@@ -247,4 +261,37 @@ def validate_batch(
         out["advantages"] = per_token
     if not any(any(x != 0 for x in r) for r in out["loss_mask"]):
         raise BatchError("loss_mask selects no token in the whole batch")
+    return out
+
+
+def _weights_as_loss_mask(batch: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` renamed ``loss_mask`` (giving both is an error)."""
+    if batch.get("weights") is None:
+        return batch
+    if batch.get("loss_mask") is not None:
+        raise BatchError("give per-token 'weights' or 'loss_mask', not both (they are one field)")
+    renamed = {k: v for k, v in batch.items() if k != "weights"}
+    renamed["loss_mask"] = batch["weights"]
+    return renamed
+
+
+def _target_tokens(rows: Any, lengths: list[int], vocab_size: int | None) -> list[list[int]]:
+    """Checked ``target_tokens``: one token id per token of each ``input_ids`` row."""
+    if _row_count("target_tokens", rows) != len(lengths):
+        raise BatchError(f"'target_tokens' has {len(rows)} rows, input_ids has {len(lengths)}")
+    out = []
+    for i, row in enumerate(rows):
+        if _row_count(f"target_tokens[{i}]", row) != lengths[i]:
+            raise BatchError(
+                f"target_tokens[{i}] has {len(row)} entries, input_ids[{i}] has {lengths[i]}"
+            )
+        for tok in row:
+            if isinstance(tok, bool) or not isinstance(tok, int | np.integer):
+                raise BatchError(f"target_tokens[{i}] holds a non-integer token {tok!r}")
+            if tok < 0 or (vocab_size is not None and tok >= vocab_size):
+                raise BatchError(
+                    f"target_tokens[{i}] holds token id {tok} outside the vocabulary "
+                    f"[0, {vocab_size if vocab_size is not None else 'inf'})"
+                )
+        out.append([int(t) for t in row])
     return out

@@ -45,6 +45,12 @@ class FwdBwdRequest(JobRequest):
     loss_fn: str = "grpo"
     loss_config: dict[str, Any] | None = None
     request_id: str | None = Field(default=None, max_length=128)
+    return_log_probs: bool = Field(
+        default=False, description="Also answer each row's per-token log-probs (log_probs)."
+    )
+    forward_only: bool = Field(
+        default=False, description="Compute the loss and outputs without any gradient."
+    )
 
 
 class FwdNoGradRequest(JobRequest):
@@ -55,10 +61,24 @@ class FwdNoGradRequest(JobRequest):
 
 
 class StepRequest(JobRequest):
-    """One optimizer step, optionally at ``learning_rate``."""
+    """One optimizer step, optionally at ``learning_rate`` and with new AdamW settings."""
 
     learning_rate: float | None = Field(default=None, gt=0)
     request_id: str | None = Field(default=None, max_length=128)
+    beta1: float | None = Field(default=None, ge=0, lt=1, description="AdamW beta1 from now on.")
+    beta2: float | None = Field(default=None, ge=0, lt=1, description="AdamW beta2 from now on.")
+    eps: float | None = Field(default=None, gt=0, description="AdamW epsilon from now on.")
+    weight_decay: float | None = Field(
+        default=None, ge=0, description="Decoupled weight decay from now on."
+    )
+    grad_clip_norm: float | None = Field(
+        default=None, ge=0, description="Max global gradient norm from now on; 0 disables it."
+    )
+
+    def optimizer_params(self) -> dict[str, float]:
+        """The AdamW settings this step changes (only those given)."""
+        names = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+        return {n: float(getattr(self, n)) for n in names if getattr(self, n) is not None}
 
 
 class SaveCheckpointRequest(JobRequest):

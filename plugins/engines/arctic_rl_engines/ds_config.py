@@ -284,14 +284,16 @@ def build_optimizer(
     class AdamWWithNorm(torch.optim.AdamW):
         """AdamW that measures (and clips) the gradient norm before stepping."""
 
+        clip_norm = clip  # max gradient norm; a step may change it (0 disables clipping)
+
         def step(self, closure: Any = None) -> Any:
             grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
             if grads:
                 norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-                if clip > 0:
+                if self.clip_norm > 0:
                     torch.nn.utils.clip_grads_with_norm_(
                         [p for g in self.param_groups for p in g["params"] if p.grad is not None],
-                        clip,
+                        self.clip_norm,
                         norm,
                     )
                 self._global_grad_norm = float(norm)

@@ -32,10 +32,16 @@ class TokenLogProbs:
 
 
 def token_log_probs(
-    model: Any, input_ids: torch.Tensor, *, entropy: bool = False, top_k: int = 0
+    model: Any,
+    input_ids: torch.Tensor,
+    *,
+    entropy: bool = False,
+    top_k: int = 0,
+    targets: torch.Tensor | None = None,
 ) -> TokenLogProbs:
     """Forward ``input_ids`` [B, T] through ``model`` (a causal LM or a DeepSpeed engine).
 
+    Entry ``i`` scores ``targets[:, i]`` when ``targets`` [B, T] is given, else ``input_ids``.
     Log-probs, entropy and top-k are computed in float32 whatever the model dtype.
     """
     import torch
@@ -43,7 +49,8 @@ def token_log_probs(
 
     logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1].float()
     lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    scored = (targets if targets is not None else input_ids)[:, 1:]
+    picked = logits.gather(-1, scored.unsqueeze(-1)).squeeze(-1)
     out = TokenLogProbs(log_probs=F.pad(picked - lse, (1, 0)))
     if entropy:
         probs = torch.softmax(logits, dim=-1)

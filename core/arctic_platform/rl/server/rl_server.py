@@ -297,11 +297,21 @@ class RLServer:
             if previous is not None:
                 return {**previous, "replayed": True}
             base_step = job.global_step
-            results = self._all_ranks(job, "fwd_bwd", batch, request.loss_fn, request.loss_config)
+            options = {}
+            if request.return_log_probs or request.forward_only:
+                options = {
+                    "return_log_probs": request.return_log_probs,
+                    "forward_only": request.forward_only,
+                }
+            results = self._all_ranks(
+                job, "fwd_bwd", batch, request.loss_fn, request.loss_config, **options
+            )
             result = dict(results[0])
-            self._remember(job, key, base_step, result)
-            if key is not None:
-                job.changed()
+            if not request.forward_only:  # the table keeps metrics, not per-token outputs
+                kept = {k: v for k, v in result.items() if k != "log_probs"}
+                self._remember(job, key, base_step, kept)
+                if key is not None:
+                    job.changed()
             return result
 
     def fwd_no_grad(self, request: wire.FwdNoGradRequest) -> dict[str, Any]:
@@ -332,7 +342,9 @@ class RLServer:
             if previous is not None:
                 return {**previous, "replayed": True}
             base_step = job.global_step
-            results = self._all_ranks(job, "step", request.learning_rate)
+            adam = request.optimizer_params()
+            args = (request.learning_rate, adam) if adam else (request.learning_rate,)
+            results = self._all_ranks(job, "step", *args)
             result = dict(results[0])
             job.global_step = int(result.get("global_step", job.global_step + 1))
             self._remember(job, key, base_step, result)
