@@ -1,0 +1,71 @@
+"""Fixtures for tests on a multi-node Ray cluster made of network namespaces on this machine.
+
+Every test in this directory is marked ``multinode`` and ``slow`` (it starts Ray clusters).
+``netns_cluster`` is one cluster for the session (a GPU-less head, ``ARL_NETNS_WORKERS``
+one-GPU workers, default 4, and one client namespace); ``netns_cluster_factory`` makes
+clusters a test may break (kill a node, cut a link), closed when the test ends. Both skip,
+with the reason, only where the machine cannot make namespaces (not root, no ``ip``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_cluster import NetnsCluster, unavailable_reason
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under this directory ``multinode`` and ``slow``."""
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.multinode)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def netns_available() -> None:
+    """Skip (with the reason) where namespaces, veth pairs and bridges cannot be made."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def netns_cluster(netns_available: None) -> Iterator[NetnsCluster]:
+    """A session-wide cluster: head (no GPUs) + N one-GPU workers + 1 client namespace."""
+    workers = int(os.environ.get("ARL_NETNS_WORKERS", "4"))
+    cluster = NetnsCluster(workers=workers, clients=1)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def netns_cluster_factory(netns_available: None) -> Iterator[Callable[..., NetnsCluster]]:
+    """Make started clusters (``NetnsCluster`` keyword arguments); all closed after the test."""
+    made: list[NetnsCluster] = []
+
+    def make(**kwargs: Any) -> NetnsCluster:
+        cluster = NetnsCluster(**kwargs)
+        made.append(cluster)
+        return cluster.start()
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for cluster in made:
+            try:
+                cluster.close()
+            except Exception as exc:  # close the others first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
