@@ -79,6 +79,7 @@ class SamplingSpec:
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    prompt_logprobs: bool = False  # also each prompt token's log-prob (None for the first)
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -150,7 +151,12 @@ class SamplingSpec:
             out["logprobs"] = int(k)
         if "min_tokens" in p:
             out["min_tokens"] = _int("min_tokens", p["min_tokens"], 0)
-        for key in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        for key in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "include_stop_str_in_output",
+            "prompt_logprobs",
+        ):
             if key in p:
                 if not isinstance(p[key], bool):
                     raise _fail(key, "true or false", p[key])
@@ -192,6 +198,7 @@ class SamplingSpec:
             frequency_penalty=self.frequency_penalty,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            prompt_logprobs=0 if self.prompt_logprobs else None,
         )
 
     def per_prompt(self, count: int) -> list[Any]:
@@ -306,7 +313,8 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
         """Per prompt: ``prompt_token_ids`` and ``n`` ``completions`` (token_ids, text,
-        logprobs, finish_reason, stop_reason; ``top_logprobs`` when ``logprobs`` > 0)."""
+        logprobs, finish_reason, stop_reason; ``top_logprobs`` when ``logprobs`` > 0), and
+        ``prompt_logprobs`` when asked."""
         from vllm.inputs import TokensPrompt
 
         spec = SamplingSpec.parse(sampling_params, self.max_logprobs)
@@ -328,14 +336,16 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         results = []
         for ids, output in zip(token_ids, outputs, strict=True):
             completions = sorted(output.outputs, key=lambda c: c.index)
-            results.append(
-                {
-                    "prompt_token_ids": ids,
-                    "completions": [
-                        completion_record(c, spec.logprobs, version) for c in completions
-                    ],
-                }
-            )
+            result: dict[str, Any] = {
+                "prompt_token_ids": ids,
+                "completions": [completion_record(c, spec.logprobs, version) for c in completions],
+            }
+            if spec.prompt_logprobs:
+                steps = list(output.prompt_logprobs or [])[1:]
+                result["prompt_logprobs"] = [None] + [
+                    float(step[token].logprob) for token, step in zip(ids[1:], steps, strict=True)
+                ]
+            results.append(result)
         return results
 
     def swap_weights(
