@@ -41,6 +41,8 @@ SLEEP_UNSUPPORTED = (
     "sleep/wake are not implemented for the DeepSpeed training engine: on CPU there is no "
     "device memory to free, and weights and optimizer state stay where they are"
 )
+OPTIMIZER_PARAMS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+NOTHING_ACCUMULATED = "no fwd_bwd accumulated gradients since the last step or checkpoint load"
 
 
 class DeepSpeedTrainingEngine(TrainingEngine):
@@ -121,6 +123,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._tokenizer = ds_model.load_tokenizer(source)
         self._reference: ds_model.ForwardModel | None = None
         self._losses: dict[str, Any] = {}
+        self._accumulated = False  # a fwd_bwd ran a backward since the last step or load
         if resume is not None:
             self.load_checkpoint(str(resume))
 
@@ -162,6 +165,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             for name in _FLOAT_FIELDS:
                 if name in clean:
                     out[name] = torch.zeros((1, 2), dtype=torch.float32)
+            if "target_tokens" in clean:
+                out["target_tokens"] = torch.full((1, 2), self._pad_id, dtype=torch.long)
         else:
             ids = [clean["input_ids"][i] for i in rows]
             width = max(len(r) for r in ids)
@@ -169,6 +174,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             for name in _FLOAT_FIELDS:
                 if name in clean:
                     out[name] = pad_rows([clean[name][i] for i in rows], width, 0.0, torch.float32)
+            if "target_tokens" in clean:
+                targets = [clean["target_tokens"][i] for i in rows]
+                out["target_tokens"] = pad_rows(targets, width, self._pad_id, torch.long)
         return {k: v.to(self._device) for k, v in out.items()}
 
     def fwd_bwd(
@@ -176,12 +184,19 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         batch: dict[str, Any],
         loss_fn: str = "grpo",
         loss_config: dict[str, Any] | None = None,
-    ) -> dict[str, float]:
+        *,
+        return_log_probs: bool = False,
+        forward_only: bool = False,
+    ) -> dict[str, Any]:
         """Accumulate gradients of ``loss_fn`` over ``batch`` (all ranks: the same batch).
 
         Returns ``{name}.sum``/``{name}.tokens`` pairs summed over micro-batches and ranks,
-        each ``name`` as their ratio, plus ``tokens``, ``sequences`` and ``micro_batches``.
+        each ``name`` as their ratio, plus ``tokens``, ``sequences`` and ``micro_batches``;
+        with ``return_log_probs`` also ``log_probs`` (per row, per token, entry 0 is 0.0).
+        ``forward_only``: the same loss and outputs, no gradient.
         """
+        import contextlib
+
         import torch
 
         from arctic_platform.rl.losses import LossOutput, aggregate
@@ -199,23 +214,43 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         lengths = [len(r) for r in clean["input_ids"]]
         passes = plan(lengths, self._rank, self._world, self.setup.max_tokens_per_mb)
 
-        self._engine.train()
+        if forward_only:
+            self._engine.eval()
+        else:
+            self._engine.train()
         sums: dict[str, list[Any]] = {}
+        row_log_probs: dict[int, list[float]] = {}
         started = False
         try:
             for rows in passes:
                 mb = self._micro_batch(clean, rows)
-                out = token_log_probs(self._engine, mb["input_ids"], entropy=want_entropy)
-                mb["num_tokens"], mb["num_seqs"] = num_tokens, num_seqs
-                if want_entropy:
-                    mb["entropy"] = out.entropy
-                result = fn(out.log_probs, mb, **cfg)
-                if not isinstance(result, LossOutput):  # a per-token loss: token-mean it
-                    share, total, count = aggregate(
-                        result, mb["loss_mask"], "token-mean", num_tokens, num_seqs
+                with torch.no_grad() if forward_only else contextlib.nullcontext():
+                    out = token_log_probs(
+                        self._engine,
+                        mb["input_ids"],
+                        entropy=want_entropy,
+                        targets=mb.get("target_tokens"),
                     )
-                    result = LossOutput(share, {"loss": (total.detach(), count)})
-                started = True
+                    mb["num_tokens"], mb["num_seqs"] = num_tokens, num_seqs
+                    if want_entropy:
+                        mb["entropy"] = out.entropy
+                    result = fn(out.log_probs, mb, **cfg)
+                    if not isinstance(result, LossOutput):  # a per-token loss: token-mean it
+                        share, total, count = aggregate(
+                            result, mb["loss_mask"], "token-mean", num_tokens, num_seqs
+                        )
+                        result = LossOutput(share, {"loss": (total.detach(), count)})
+                if return_log_probs and rows != [DUMMY]:
+                    done = out.log_probs.detach().float().cpu()
+                    for j, i in enumerate(rows):
+                        row_log_probs[i] = done[j, : lengths[i]].tolist()
+                if forward_only:
+                    for name, (s, c) in result.metrics.items():
+                        acc = sums.setdefault(name, [0.0, 0.0])
+                        acc[0] = acc[0] + s.detach().to(torch.float64)
+                        acc[1] = acc[1] + torch.as_tensor(c).detach().to(torch.float64)
+                    continue
+                started = self._accumulated = True
                 # DeepSpeed averages gradients over ranks; our shares already sum to the mean.
                 self._engine.backward(result.loss * self._world)
                 for name, (s, c) in result.metrics.items():
@@ -226,7 +261,24 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             if started:
                 self._discard_gradients()
             raise
-        return self._reduce_metrics(sums, num_tokens, num_seqs, len(passes))
+        metrics: dict[str, Any] = dict(
+            self._reduce_metrics(sums, num_tokens, num_seqs, len(passes))
+        )
+        if return_log_probs:
+            metrics["log_probs"] = self._gather_rows(row_log_probs, len(lengths))
+        return metrics
+
+    def _gather_rows(self, mine: dict[int, list[float]], count: int) -> list[list[float]]:
+        """Every rank's rows (a dict row index -> values) joined in row order on every rank."""
+        import torch.distributed as dist
+
+        rows = dict(mine)
+        if self._world > 1:
+            gathered: list[Any] = [None] * self._world
+            dist.all_gather_object(gathered, mine)
+            for part in gathered:
+                rows.update(part)
+        return [rows[i] for i in range(count)]
 
     def _reduce_metrics(
         self, sums: dict[str, list[Any]], num_tokens: float, num_seqs: float, passes: int
@@ -258,6 +310,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
 
     def _discard_gradients(self) -> None:
         """Best effort after a failed fwd_bwd: drop the gradients accumulated so far."""
+        self._accumulated = False
         try:
             self._engine.optimizer.zero_grad()
             self._engine.zero_grad()
@@ -304,23 +357,76 @@ class DeepSpeedTrainingEngine(TrainingEngine):
 
     # --- optimizer ------------------------------------------------------------------------
 
-    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        """Apply the accumulated gradients; ``learning_rate`` overrides this step's rate only."""
+    def step(
+        self, learning_rate: float | None = None, optimizer_params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Apply the accumulated gradients; ``learning_rate`` overrides this step's rate only.
+
+        ``optimizer_params`` (``beta1``, ``beta2``, ``eps``, ``weight_decay``,
+        ``grad_clip_norm``; 0 disables clipping) change AdamW from this step on.
+
+        With nothing accumulated since the last step or load, nothing changes (weights,
+        optimizer, lr schedule, ``global_step``) and the answer says ``applied: False``.
+        """
         optimizer = self._engine.optimizer
         if learning_rate is not None:
             lr = float(learning_rate)
             if not math.isfinite(lr) or lr < 0:
                 raise InvalidRequestError(f"learning_rate={learning_rate!r} must be >= 0")
+        if not self._accumulated:
+            return {
+                "global_step": self.global_step,
+                "lr": float(optimizer.param_groups[0]["lr"]),
+                "grad_norm": 0.0,
+                "applied": False,
+                "reason": NOTHING_ACCUMULATED,
+            }
+        if learning_rate is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lr
+        if optimizer_params:
+            self._set_optimizer_params(optimizer_params)
         used = float(optimizer.param_groups[0]["lr"])
         self._engine.step()
+        self._accumulated = False
         norm = self._engine.get_global_grad_norm()
         return {
             "global_step": self.global_step,
             "lr": used,
             "grad_norm": float(norm) if norm is not None else 0.0,
+            "applied": True,
         }
+
+    def _set_optimizer_params(self, params: Mapping[str, Any]) -> None:
+        """Set AdamW's betas, eps, weight decay and the gradient-clipping norm."""
+        unknown = sorted(set(params) - set(OPTIMIZER_PARAMS))
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown optimizer_params {unknown}; accepted: {list(OPTIMIZER_PARAMS)}"
+            )
+        for key, value in params.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidRequestError(f"optimizer_params {key}={value!r} must be a number")
+        groups = self._engine.optimizer.param_groups
+        for group in groups:
+            beta1, beta2 = group["betas"]
+            group["betas"] = (
+                float(params.get("beta1", beta1)),
+                float(params.get("beta2", beta2)),
+            )
+            if "eps" in params:
+                group["eps"] = float(params["eps"])
+            if "weight_decay" in params:
+                group["weight_decay"] = float(params["weight_decay"])
+        if "grad_clip_norm" in params:
+            clip = max(float(params["grad_clip_norm"]), 0.0)
+            torch_optimizer = self._engine.optimizer
+            if hasattr(torch_optimizer, "clip_norm"):  # our AdamW measures and clips itself
+                torch_optimizer.clip_norm = clip
+            else:  # DeepSpeed clips: its config, and a ZeRO optimizer's own copy
+                self._engine._config.gradient_clipping = clip
+                if hasattr(torch_optimizer, "clip_grad"):
+                    torch_optimizer.clip_grad = clip
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -383,7 +489,10 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         return str(final)
 
     def load_checkpoint(self, path: str) -> int:
-        """Restore a checkpoint (``path`` or its newest complete child); returns the step."""
+        """Restore a checkpoint (``path`` or its newest complete child); returns the step.
+
+        Gradients accumulated before the load are discarded (the next ``step`` applies none).
+        """
         ckpt = ds_checkpoint.find_checkpoint(path)
         meta = ds_checkpoint.read_marker(ckpt)
         saved_world = int(meta.get("world_size", self._world))
@@ -402,6 +511,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         )
         if loaded is None:
             raise CheckpointError(f"DeepSpeed found no state in {ckpt}")
+        if self._accumulated:
+            self._discard_gradients()
         ds_checkpoint.load_rng(ckpt, self._rank)
         return self.global_step
 

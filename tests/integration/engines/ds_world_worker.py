@@ -42,6 +42,7 @@ def run_stage(spec: dict[str, Any], stage: int) -> dict[str, Any]:
     try:
         out["first"] = engine.fwd_bwd(batch, "grpo", spec["grpo_config"])
         out["first_step"] = engine.step()
+        out["idle_step"] = engine.step()  # nothing accumulated: must change nothing
         ce = {k: v for k, v in batch.items() if k in ("input_ids", "loss_mask")}
         out["losses"] = []
         for _ in range(spec["steps"] - 1):

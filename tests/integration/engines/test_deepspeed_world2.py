@@ -161,6 +161,11 @@ def test_two_ranks_train_like_one_process_on_the_whole_batch(world2: Any, stage:
     r0, r1 = (r[str(stage)] for r in ranks)
     single = run_single(spec, stage)
     print(f"world 2 ZeRO-{stage} loss curve:", [round(x, 3) for x in r0["losses"]])
+    # A step with nothing accumulated after the first (ranks: idle_step) changed nothing:
+    # the losses below still follow the one-process run, which has no such step.
+    for r in (r0, r1):
+        assert r["idle_step"]["applied"] is False and r["idle_step"]["global_step"] == 1
+        assert r["first_step"]["applied"] is True
     # Every rank reports the same, globally reduced metrics.
     assert r0["first"] == r1["first"] and r0["losses"] == r1["losses"]
     assert r0["first"]["micro_batches"] >= 2
