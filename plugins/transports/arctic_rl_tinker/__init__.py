@@ -1,0 +1,1 @@
+"""The ``tinker`` transport: the Tinker SDK's REST API over ``RLServer``."""

@@ -1,0 +1,523 @@
+"""Tinker's sessions, models and samplers mapped onto ``RLServer`` operations.
+
+A model is a training job plus a sampling job for its base model; ``save_weights_for_sampler``
+is a ``sync_weights`` whose weight version the returned ``tinker://`` path names. This object
+holds only the Tinker-side names (ids, paths, versions); every job state lives in the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobError
+from arctic_platform.rl.server.rl_server import RLServer
+from arctic_rl_tinker import convert
+from arctic_rl_tinker.futures import Future, Futures, Lane, Outcome, failure, run_into
+from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 128
+"""Tokens sampled when a request leaves ``max_tokens`` unset."""
+
+
+class UnknownIdError(InvalidRequestError):
+    """A session, model, sampler, request or ``tinker://`` path this server does not know."""
+
+    status = 404
+    code = "not_found"
+
+
+class StaleWeightsError(InvalidRequestError):
+    """A sampler opened on weights that a newer ``save_weights_for_sampler`` replaced."""
+
+    status = 409
+    code = "stale_weights"
+
+
+@dataclass
+class Model:
+    """A Tinker training model: our training job and the sampling job it syncs into."""
+
+    model_id: str
+    base_model: str
+    lane: Lane
+    lora_rank: int | None = None
+    training_job: int | None = None
+    sampling_job: int | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+@dataclass
+class Sampler:
+    """A sampling session: a sampling job and the weight version it was opened on."""
+
+    sampler_id: str
+    base_model: str
+    job_id: int
+    version: int
+    model_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """GPUs of the jobs behind each model (from ``serve --num-gpus``)."""
+
+    training: int = 1
+    sampling: int = 1
+    colocate: bool = True
+
+    @classmethod
+    def from_total(cls, total: int) -> Gpus:
+        """Half for training and half for sampling; one shared bundle below two GPUs."""
+        if total < 2:
+            return cls(1, 1, True)
+        training = total // 2
+        return cls(training, total - training, False)
+
+
+class TinkerFrontend:
+    """Tinker's API over one ``RLServer``: ids, paths and ordering; the work is the server's."""
+
+    def __init__(
+        self, server: RLServer, *, gpus: Gpus | None = None, job_ready_timeout: float = 900.0
+    ) -> None:
+        self.server = server
+        self.gpus = gpus or Gpus.from_total(int(getattr(server, "num_gpus", 1) or 1))
+        self.job_ready_timeout = job_ready_timeout
+        self.futures = Futures()
+        self._lock = threading.Lock()
+        self.sessions: dict[str, float] = {}
+        self.models: dict[str, Model] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.paths: dict[str, tuple[str, str, Any]] = {}  # tinker path -> (kind, model, what)
+        self._base_samplers: dict[str, int] = {}  # base model -> its own sampling job
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tinker-work")
+
+    def close(self) -> None:
+        """Stop the lanes and the worker pool (the jobs belong to the server)."""
+        for model in list(self.models.values()):
+            model.lane.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- lookups ----------------------------------------------------------------------
+
+    def session(self, session_id: str) -> None:
+        """Check that ``session_id`` exists (UnknownIdError otherwise)."""
+        if session_id not in self.sessions:
+            raise UnknownIdError(f"unknown session_id {session_id!r}")
+
+    def model(self, model_id: str) -> Model:
+        """The model ``model_id`` (UnknownIdError otherwise)."""
+        with self._lock:
+            model = self.models.get(model_id)
+        if model is None:
+            raise UnknownIdError(f"unknown model_id {model_id!r}")
+        return model
+
+    def sampler(self, sampler_id: str) -> Sampler:
+        """The sampling session ``sampler_id`` (UnknownIdError otherwise)."""
+        with self._lock:
+            sampler = self.samplers.get(sampler_id)
+        if sampler is None:
+            raise UnknownIdError(f"unknown sampling_session_id {sampler_id!r}")
+        return sampler
+
+    def _ready(self, model: Model) -> Model:
+        if not model.ready.wait(self.job_ready_timeout):
+            raise JobError(f"model {model.model_id} was not ready after {self.job_ready_timeout}s")
+        if model.error is not None:
+            raise JobError(f"model {model.model_id} could not be created: {model.error}")
+        return model
+
+    # --- sessions ---------------------------------------------------------------------
+
+    def create_session(self) -> str:
+        """A new session id."""
+        session_id = str(uuid.uuid4())
+        with self._lock:
+            self.sessions[session_id] = time.time()
+        return session_id
+
+    def heartbeat(self, session_id: str) -> None:
+        """Note that the session's client is alive."""
+        self.session(session_id)
+        with self._lock:
+            self.sessions[session_id] = time.time()
+
+    # --- models -----------------------------------------------------------------------
+
+    def _job_config(self, base_model: str) -> dict[str, Any]:
+        from arctic_platform.rl.config import ArcticRLClientConfig
+
+        config = ArcticRLClientConfig(
+            model_name=base_model,
+            host="127.0.0.1",
+            port=1,
+            training_gpus=self.gpus.training,
+            sampling_gpus=self.gpus.sampling,
+            colocate=self.gpus.colocate,
+        )
+        return config.initialize_payload()
+
+    def _start_job(self, job_type: str, config: dict[str, Any]) -> int:
+        answer = self.server.handle("initialize", {"job_type": job_type, "config": config})
+        return int(answer["job_id"])
+
+    def _wait_running(self, job_id: int) -> None:
+        deadline = time.monotonic() + self.job_ready_timeout
+        while True:
+            info = self.server.handle("get_job", {"job_id": job_id})
+            if info["state"] == "running":
+                return
+            if info["state"] in ("failed", "cancelled", "terminated"):
+                raise JobError(f"job {job_id} is {info['state']}: {info.get('reason')}")
+            if time.monotonic() > deadline:
+                raise JobError(f"job {job_id} was still {info['state']} after the ready timeout")
+            time.sleep(0.5)
+
+    def create_model(
+        self, session_id: str, model_seq_id: int, base_model: str, lora_rank: int | None
+    ) -> Future:
+        """Start a training and a sampling job for ``base_model``; the future answers its id."""
+        self.session(session_id)
+        model_id = f"{session_id}:train:{model_seq_id}"
+        with self._lock:
+            if model_id in self.models:
+                raise InvalidRequestError(f"model {model_id} already exists")
+            model = Model(model_id, base_model, Lane(model_id), lora_rank=lora_rank)
+            self.models[model_id] = model
+        future = self.futures.new("create_model")
+
+        def work() -> Outcome:
+            try:
+                config = self._job_config(base_model)
+                model.training_job = self._start_job("training", config)
+                model.sampling_job = self._start_job("sampling", config)
+                self._wait_running(model.training_job)
+                self._wait_running(model.sampling_job)
+            except BaseException as exc:
+                model.error = str(exc)
+                model.ready.set()
+                for job_id in (model.training_job, model.sampling_job):
+                    if job_id is not None:
+                        try:
+                            self.server.handle("destroy", {"job_id": job_id})
+                        except ArcticRLError:
+                            pass
+                raise
+            model.ready.set()
+            return Outcome(json={"model_id": model_id, "type": "create_model"})
+
+        self._pool.submit(run_into, future, work)
+        return future
+
+    def get_info(self, model_id: str) -> dict[str, Any]:
+        """Tinker's GetInfoResponse: full fine-tuning (``is_lora`` false)."""
+        model = self.model(model_id)
+        return {
+            "type": "get_info",
+            "model_id": model_id,
+            "model_data": {
+                "arch": None,
+                "model_name": model.base_model,
+                "tokenizer_id": model.base_model,
+            },
+            "optimizer_config": {"type": "adamw"},
+            "is_lora": False,
+            "lora_rank": None,
+            "model_name": model.base_model,
+        }
+
+    # --- ordered training requests ----------------------------------------------------
+
+    def _ordered(self, model: Model, seq_id: int | None, kind: str, work: Any) -> Future:
+        """Run ``work()`` (returning an Outcome) in ``model``'s seq_id order; its future."""
+        if seq_id is not None:
+            known = model.lane.known(seq_id)
+            if known is not None and self.futures.get(known) is not None:
+                return self.futures.get(known)  # type: ignore[return-value]
+        future = self.futures.new(kind)
+
+        def run() -> None:
+            run_into(future, lambda: work(self._ready(model)))
+
+        if seq_id is None:
+            self._pool.submit(run)
+        else:
+            model.lane.submit(seq_id, future.request_id, run)
+        return future
+
+    def refuse(self, model_id: str, seq_id: int | None) -> None:
+        """A refused request still used its seq_id: let the model's later requests run."""
+        with self._lock:
+            model = self.models.get(model_id)
+        if model is not None and seq_id is not None:
+            model.lane.skip(seq_id)
+
+    def forward_backward(self, body: bytes) -> Future:
+        """A ForwardBackwardRequest protobuf: our fwd_bwd (or forward only) with log-probs."""
+        batch = convert.parse_forward_backward(body)
+        try:
+            model = self.model(batch.model_id)
+            if batch.loss_fn not in TINKER_LOSSES:
+                raise InvalidRequestError(
+                    f"unknown loss_fn {batch.loss_fn!r}; this server offers {list(TINKER_LOSSES)}"
+                )
+            from arctic_rl_tinker.losses import make
+
+            make(batch.loss_fn).configure(batch.loss_config)  # refuse a bad config now
+            if batch.loss_fn != "cross_entropy":
+                missing = {"logprobs", "advantages"} - {
+                    "logprobs" if "old_log_probs" in batch.batch else "",
+                    "advantages" if "advantages" in batch.batch else "",
+                }
+                if missing:
+                    raise InvalidRequestError(
+                        f"loss_fn {batch.loss_fn!r} needs loss_fn_inputs {sorted(missing)}"
+                    )
+        except ArcticRLError:
+            self.refuse(batch.model_id, batch.seq_id)
+            raise
+
+        def work(model: Model) -> Outcome:
+            result = self.server.handle(
+                "fwd_bwd",
+                {
+                    "job_id": model.training_job,
+                    "batch": batch.batch,
+                    "loss_fn": PREFIX + batch.loss_fn,
+                    "loss_config": batch.loss_config,
+                    "return_log_probs": True,
+                    "forward_only": batch.forward_only,
+                },
+            )
+            return Outcome(proto=convert.forward_backward_output(batch, result))
+
+        kind = "forward" if batch.forward_only else "forward_backward"
+        return self._ordered(model, batch.seq_id, kind, work)
+
+    def optim_step(self, model_id: str, seq_id: int | None, adam: dict[str, Any]) -> Future:
+        """Tinker's AdamParams, all of them, as one ``step``."""
+        model = self.model(model_id)
+        payload = {
+            "learning_rate": float(adam.get("learning_rate", 1e-4)),
+            "beta1": float(adam.get("beta1", 0.9)),
+            "beta2": float(adam.get("beta2", 0.95)),
+            "eps": float(adam.get("eps", 1e-12)),
+            "weight_decay": float(adam.get("weight_decay", 0.0)),
+            "grad_clip_norm": float(adam.get("grad_clip_norm", 0.0)),
+        }
+
+        def work(model: Model) -> Outcome:
+            result = self.server.handle("step", {"job_id": model.training_job, **payload})
+            metrics = {
+                "learning_rate:mean": float(result.get("lr", payload["learning_rate"])),
+                "grad_norm:mean": float(result.get("grad_norm", 0.0)),
+                "applied:max": 1.0 if result.get("applied", True) else 0.0,
+            }
+            return Outcome(json={"type": "optim_step", "metrics": metrics})
+
+        return self._ordered(model, seq_id, "optim_step", work)
+
+    def _sync(self, model: Model) -> int:
+        answer = self.server.handle(
+            "sync_weights",
+            {"training_job_id": model.training_job, "sampling_job_ids": [model.sampling_job]},
+        )
+        return int(answer["weight_version"])
+
+    def save_weights_for_sampler(
+        self, model_id: str, seq_id: int | None, name: str | None
+    ) -> Future:
+        """``sync_weights`` into the model's sampler; a ``tinker://`` path of that version."""
+        model = self.model(model_id)
+
+        def work(model: Model) -> Outcome:
+            version = self._sync(model)
+            label = f"{name}-v{version}" if name else f"v{version}"
+            path = f"tinker://{model.model_id}/sampler_weights/{label}"
+            assert model.sampling_job is not None
+            with self._lock:
+                self.paths[path] = ("sampler", model.model_id, version)
+            answer: dict[str, Any] = {"type": "save_weights_for_sampler", "path": path}
+            if name is None:  # save_weights_and_get_sampling_client: a session on it
+                answer["sampling_session_id"] = self._new_sampler(
+                    model.base_model, model.sampling_job, version, path
+                )
+            return Outcome(json=answer)
+
+        return self._ordered(model, seq_id, "save_weights_for_sampler", work)
+
+    def save_weights(self, model_id: str, seq_id: int | None, name: str | None) -> Future:
+        """A full checkpoint (weights and optimizer) of the training job."""
+        model = self.model(model_id)
+
+        def work(model: Model) -> Outcome:
+            answer = self.server.handle(
+                "save_checkpoint", {"job_id": model.training_job, "tag": name}
+            )
+            label = name or f"step{answer['global_step']}"
+            path = f"tinker://{model.model_id}/weights/{label}"
+            with self._lock:
+                self.paths[path] = ("weights", model.model_id, answer["path"])
+            return Outcome(json={"type": "save_weights", "path": path})
+
+        return self._ordered(model, seq_id, "save_weights", work)
+
+    def load_weights(self, model_id: str, seq_id: int | None, path: str) -> Future:
+        """Restore a checkpoint this model saved (weights and optimizer state)."""
+        model = self.model(model_id)
+        with self._lock:
+            entry = self.paths.get(path)
+        if entry is None or entry[0] != "weights":
+            self.refuse(model_id, seq_id)
+            raise UnknownIdError(f"unknown checkpoint path {path!r} (save_weights gives one)")
+        if entry[1] != model_id:
+            self.refuse(model_id, seq_id)
+            raise InvalidRequestError(
+                f"{path} was saved by model {entry[1]}; a model loads only its own checkpoints"
+            )
+
+        def work(model: Model) -> Outcome:
+            self.server.handle("load_checkpoint", {"job_id": model.training_job, "path": entry[2]})
+            return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
+
+        return self._ordered(model, seq_id, "load_weights", work)
+
+    # --- sampling ---------------------------------------------------------------------
+
+    def _new_sampler(self, base_model: str, job_id: int, version: int, path: str | None) -> str:
+        sampler_id = f"sampler-{uuid.uuid4()}"
+        with self._lock:
+            self.samplers[sampler_id] = Sampler(sampler_id, base_model, job_id, version, path)
+        return sampler_id
+
+    def _base_sampler_job(self, base_model: str) -> int:
+        """A sampling job of the untrained ``base_model`` (started once, kept)."""
+        with self._lock:
+            job_id = self._base_samplers.get(base_model)
+        if job_id is None:
+            job_id = self._start_job("sampling", self._job_config(base_model))
+            with self._lock:
+                self._base_samplers[base_model] = job_id
+        self._wait_running(job_id)
+        return job_id
+
+    def create_sampling_session(
+        self, session_id: str, model_path: str | None, base_model: str | None
+    ) -> str:
+        """A sampler on a ``tinker://`` sampler path's version, or on a base model."""
+        self.session(session_id)
+        if model_path:
+            with self._lock:
+                entry = self.paths.get(model_path)
+            if entry is None or entry[0] != "sampler":
+                raise UnknownIdError(
+                    f"unknown sampler path {model_path!r} (save_weights_for_sampler gives one)"
+                )
+            model = self._ready(self.model(entry[1]))
+            assert model.sampling_job is not None
+            return self._new_sampler(model.base_model, model.sampling_job, entry[2], model_path)
+        if not base_model:
+            raise InvalidRequestError("create_sampling_session needs model_path or base_model")
+        return self._new_sampler(base_model, self._base_sampler_job(base_model), 0, None)
+
+    def sample(self, sampler: Sampler, request: dict[str, Any]) -> Future:
+        """One prompt, ``num_samples`` completions from the sampler's job and version."""
+        prompt = prompt_tokens(request.get("prompt"))
+        refused = [
+            key
+            for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
+            if request.get(key)
+        ]
+        if request.get("target_prompt_logprobs") is not None:
+            refused.append("target_prompt_logprobs")
+        if refused:
+            raise InvalidRequestError(f"this server does not offer {refused}")
+        want_prompt = bool(request.get("prompt_logprobs"))
+        last_n = request.get("prompt_logprobs_last_n")
+        params = sampling_params(request.get("sampling_params") or {})
+        params["n"] = int(request.get("num_samples") or 1)
+        if want_prompt:
+            params["prompt_logprobs"] = True
+        future = self.futures.new("sample")
+
+        def work() -> Outcome:
+            info = self.server.handle("get_job", {"job_id": sampler.job_id})
+            if info.get("weight_version", 0) != sampler.version:
+                raise StaleWeightsError(
+                    f"sampler {sampler.sampler_id} was opened on weight version "
+                    f"{sampler.version} ({sampler.model_path or sampler.base_model}); the "
+                    f"sampling job now serves version {info.get('weight_version')}: open a "
+                    "sampler on the newer save_weights_for_sampler path"
+                )
+            answer = self.server.handle(
+                "generate",
+                {"job_id": sampler.job_id, "prompts": [prompt], "sampling_params": params},
+            )
+            output = answer["outputs"][0]
+            prompt_lps = output.get("prompt_logprobs") if want_prompt else None
+            if prompt_lps is not None and last_n is not None:
+                keep = int(last_n)
+                prompt_lps = [None] * (len(prompt_lps) - keep) + list(prompt_lps[-keep:])
+            return Outcome(proto=convert.sample_output(output["completions"], prompt_lps))
+
+        self._pool.submit(run_into, future, work)
+        return future
+
+
+def prompt_tokens(prompt: Any) -> list[int]:
+    """The token ids of a JSON ModelInput (encoded_text chunks only)."""
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("chunks"), list):
+        raise InvalidRequestError("prompt must be a ModelInput: {'chunks': [...]}")
+    tokens: list[int] = []
+    for i, chunk in enumerate(prompt["chunks"]):
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            raise InvalidRequestError(f"prompt chunk {i}: only encoded_text chunks are supported")
+        values = chunk.get("tokens")
+        if not isinstance(values, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in values
+        ):
+            raise InvalidRequestError(f"prompt chunk {i}: tokens must be non-negative integers")
+        tokens.extend(values)
+    if not tokens:
+        raise InvalidRequestError("prompt has no tokens")
+    return tokens
+
+
+def sampling_params(given: dict[str, Any]) -> dict[str, Any]:
+    """Tinker's SamplingParams as our generate's ``sampling_params``."""
+    if not isinstance(given, dict):
+        raise InvalidRequestError("sampling_params must be an object")
+    out: dict[str, Any] = {"max_tokens": given.get("max_tokens") or DEFAULT_MAX_TOKENS}
+    for key in ("seed", "temperature", "top_p"):
+        if given.get(key) is not None:
+            out[key] = given[key]
+    if given.get("top_k") is not None:
+        out["top_k"] = given["top_k"]
+    stop = given.get("stop")
+    if isinstance(stop, str):
+        out["stop"] = [stop]
+    elif isinstance(stop, list):
+        if not stop:
+            out["ignore_eos"] = True  # Tinker: [] disables every stop, EOS included
+        elif all(isinstance(s, str) for s in stop):
+            out["stop"] = list(stop)
+        elif all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+            out["stop_token_ids"] = list(stop)
+        else:
+            raise InvalidRequestError("sampling_params.stop mixes strings and token ids")
+    elif stop is not None:
+        raise InvalidRequestError("sampling_params.stop must be a string or a list")
+    return out
+
+
+__all__ = ["Gpus", "TinkerFrontend", "UnknownIdError", "failure"]
