@@ -9,20 +9,33 @@ size, with the pair worlds
 and buffers kept between syncs as a worker keeps them. The variants alternate within each
 repetition (the slower side of the pair times a transfer); GB/s from the median time, and
 the ratio as the median over repetitions of flat time / our time in the same repetition.
+
+The cross-node case (``run_cross_node``, needs root) does the same between two "hosts" of
+this machine: two network namespaces joined by a bridge (``tests/multinode/netns_cluster.py``),
+the sender in one and the receiver in the other, each on its own 198.18.0.0/15 address. The
+baseline is a gloo broadcast of one flat tensor between the same two processes; ours is the
+Llama-shaped mix through the coordinator (default buckets, the pair's store on the sender's
+address, a pair secret), alternating within each repetition.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import multiprocessing as mp
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parent.parent
+CROSS_PORTS = {"flat": 29500, "ws": 29600}  # free: each namespace has its own port space
 
 
 def _port() -> int:
@@ -166,8 +179,23 @@ def run(
     bucket_mib: tuple[int, ...] = (16, 64, 256),
     device: str | None = None,
     reps: int = 7,
+    cross_node: bool = True,
 ) -> dict[str, Any]:
-    """Run both sides in two processes; returns GB/s per variant and ratios over flat."""
+    """Run both sides in two processes; returns GB/s per variant and ratios over flat (and
+    the cross-node case's, or why it was skipped, under ``cross_node``)."""
+    report = run_local(total_bytes, bucket_mib, device, reps)
+    if cross_node:
+        report["cross_node"] = run_cross_node(total_bytes, reps)
+    return report
+
+
+def run_local(
+    total_bytes: int = 1024 * MiB,
+    bucket_mib: tuple[int, ...] = (16, 64, 256),
+    device: str | None = None,
+    reps: int = 7,
+) -> dict[str, Any]:
+    """Both sides on this host's loopback: GB/s per variant and ratios over flat."""
     if device is None:
         import torch
 
@@ -218,6 +246,131 @@ def run(
     return report
 
 
+def _coordinator_kwargs(role: str, sender_ip: str, own_ip: str) -> dict[str, Any]:
+    """Where each side listens and connects: the pair's store on the sender's address.
+
+    With ``sender_hosts`` in the coordinator, ``host`` is each side's own address (gloo binds
+    there) and the receiver reaches the sender at ``sender_hosts[0]``; without it, ``host``
+    is the one address both sides use.
+    """
+    from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
+
+    params = inspect.signature(WeightSyncCoordinator).parameters
+    kwargs: dict[str, Any] = {"host": sender_ip}
+    if "sender_hosts" in params:
+        kwargs = {"host": own_ip, "sender_hosts": {0: sender_ip}}
+    if "secret" in params:  # as the server runs it: every control message signed
+        kwargs["secret"] = "bench-" + "0" * 58
+    return kwargs
+
+
+def _cross_side(role: str, total_bytes: int, sender_ip: str, own_ip: str, reps: int) -> None:
+    """One side of the cross-node case, run inside its namespace; prints a RESULT line."""
+    import torch
+    import torch.distributed as dist
+
+    from arctic_platform.rl.config import WeightSyncConfig
+    from arctic_platform.rl.weight_sync.buffers import BufferCache
+    from arctic_platform.rl.weight_sync.channels import ChannelCache
+    from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
+
+    torch.set_num_threads(1)
+    rank = 0 if role == "sender" else 1
+    # the baseline's gloo device comes from GLOO_SOCKET_IFNAME (the namespace's eth0)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{sender_ip}:{CROSS_PORTS['flat']}",
+        rank=rank,
+        world_size=2,
+    )
+    weights = _llama_like(total_bytes, "cpu") if rank == 0 else None
+    nbytes_t = torch.tensor([sum(t.numel() * 4 for _, t in weights) if weights else 0])
+    dist.broadcast(nbytes_t, 0)
+    nbytes = int(nbytes_t.item())
+    flat = torch.ones(nbytes // 4, dtype=torch.float32)  # touched: no faults
+    dist.broadcast(flat[: 1024 * 1024], 0)  # warm-up
+    coord = WeightSyncCoordinator(
+        WeightSyncConfig(training_gpus=1, inference_replicas=1, base_port=CROSS_PORTS["ws"]),
+        timeout=300,
+        buffers=BufferCache(),
+        channels=ChannelCache(),  # pair world kept between syncs, as a worker keeps it
+        **_coordinator_kwargs(role, sender_ip, own_ip),
+    )
+
+    def timed(fn: Any) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {"flat": [], "ours": []}
+    for rep in range(reps):
+        times["flat"].append(timed(lambda: dist.broadcast(flat, 0)))
+        if rank == 0:
+            times["ours"].append(timed(lambda v=rep: coord.send(0, weights or [], version=v)))
+        else:
+            times["ours"].append(timed(lambda: coord.receive(0, 0, device="cpu")))
+    print("RESULT " + json.dumps({"role": role, "bytes": nbytes, "times": times}), flush=True)
+    dist.destroy_process_group()
+
+
+def run_cross_node(total_bytes: int = 1024 * MiB, reps: int = 7) -> dict[str, Any]:
+    """Sender and receiver in two network namespaces: coordinator vs flat gloo broadcast.
+
+    Returns GB/s of both and the paired ratio, or ``{"skipped": reason}`` where this machine
+    cannot make namespaces (not root, no ``ip``).
+    """
+    sys.path.insert(0, str(REPO / "tests" / "multinode"))
+    from netns_cluster import NetnsCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return {"skipped": reason}
+    got: dict[str, Any] = {}
+    with NetnsCluster(workers=1, ray=False) as cluster:
+        sender, receiver = cluster.hosts
+        env = {**cluster.env, "GLOO_SOCKET_IFNAME": sender.ifname, "PYTHONPATH": str(REPO)}
+        procs = {}
+        for role, host in (("sender", sender), ("receiver", receiver)):
+            argv = [cluster.python, "-m", "bench.weight_sync", "--cross-side", role]
+            argv += [f"--bytes={total_bytes}", f"--reps={reps}", f"--sender-ip={sender.ip}"]
+            argv += [f"--own-ip={host.ip}"]
+            err = open(cluster.run_dir / f"{role}.err", "w")
+            procs[role] = (
+                cluster.run_in(host, argv, env, cwd=REPO, stdout=subprocess.PIPE, stderr=err),
+                err,
+            )
+        for role, (proc, err) in procs.items():
+            out, _ = proc.communicate(timeout=3600)
+            err.close()
+            lines = [x for x in out.decode().splitlines() if x.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                tail = (cluster.run_dir / f"{role}.err").read_text()[-3000:]
+                raise RuntimeError(f"cross-node {role} exited with {proc.returncode}:\n{tail}")
+            got[role] = json.loads(lines[-1][len("RESULT ") :])
+
+    def each(key: str) -> list[float]:
+        pairs = zip(got["sender"]["times"][key], got["receiver"]["times"][key], strict=True)
+        return [max(a, b) for a, b in pairs]
+
+    flat, ours = each("flat"), each("ours")
+    nbytes = got["sender"]["bytes"]
+    return {
+        "link": "veth pair + bridge between two network namespaces",
+        "backend": "gloo",
+        "bytes": nbytes,
+        "reps": reps,
+        "flat_broadcast_gbps": nbytes / statistics.median(flat) / 1e9,
+        "coordinator_gbps": nbytes / statistics.median(ours) / 1e9,
+        "ratio_vs_flat": statistics.median(f / o for f, o in zip(flat, ours, strict=True)),
+        "best_ratio_vs_flat": min(flat) / min(ours),
+        "seconds_per_rep": {
+            "flat": [round(t, 4) for t in flat],
+            "ours": [round(t, 4) for t in ours],
+        },
+    }
+
+
 def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Markdown-table rows: (benchmark, measured, ratio)."""
     size = f"{report['bytes'] / MiB:.0f} MiB"
@@ -236,7 +389,26 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{r['ratio_vs_flat']:.2f}",
             )
         )
-    return out
+    return out + cross_rows(report.get("cross_node"))
+
+
+def cross_rows(cross: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """Markdown-table rows of the cross-node case (none when it did not run)."""
+    if not cross or "skipped" in cross:
+        return []
+    size = f"{cross['bytes'] / MiB:.0f} MiB"
+    return [
+        (
+            f"weight sync across namespaces: flat gloo broadcast, {size} (baseline)",
+            f"{cross['flat_broadcast_gbps']:.2f} GB/s",
+            "1.00",
+        ),
+        (
+            f"weight sync across namespaces: coordinator, Llama-shaped mix, {size}",
+            f"{cross['coordinator_gbps']:.2f} GB/s",
+            f"{cross['ratio_vs_flat']:.2f}",
+        ),
+    ]
 
 
 if __name__ == "__main__":
@@ -244,5 +416,19 @@ if __name__ == "__main__":
     parser.add_argument("--mib", type=int, default=1024, help="total MiB of float32 weights")
     parser.add_argument("--device", default=None)
     parser.add_argument("--reps", type=int, default=7, help="alternating repetitions")
+    parser.add_argument("--case", choices=("all", "local", "cross-node"), default="all")
+    # internal: one side of the cross-node case, started inside its namespace
+    parser.add_argument("--cross-side", choices=("sender", "receiver"), help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sender-ip", help=argparse.SUPPRESS)
+    parser.add_argument("--own-ip", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(json.dumps(run(args.mib * MiB, device=args.device, reps=args.reps), indent=2))
+    if args.cross_side:
+        _cross_side(args.cross_side, args.bytes, args.sender_ip, args.own_ip, args.reps)
+    elif args.case == "cross-node":
+        print(json.dumps(run_cross_node(args.mib * MiB, reps=args.reps), indent=2))
+    else:
+        result = run(args.mib * MiB, device=args.device, reps=args.reps)
+        if args.case == "local":
+            result.pop("cross_node", None)
+        print(json.dumps(result, indent=2))

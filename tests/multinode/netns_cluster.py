@@ -145,6 +145,7 @@ class NetnsCluster:
     python: str = sys.executable
     extra_env: Mapping[str, str] = field(default_factory=dict)
     keep_run_dir: bool = bool(os.environ.get("ARL_NETNS_KEEP"))
+    ray: bool = True  # False: only the namespaces and links (hosts run what a test starts)
     hosts: list[Host] = field(default_factory=list, init=False)
     run_dir: Path = field(default=Path(), init=False)
     token_path: Path = field(default=Path(), init=False)
@@ -306,6 +307,8 @@ class NetnsCluster:
             f.write(secrets.token_hex(32))
         self.env = self._base_env()
         (self.run_dir / "logs").mkdir()
+        if not self.ray:
+            return
         self._start_node(self.head)
         self._wait_alive()
 
@@ -339,7 +342,7 @@ class NetnsCluster:
         ]
 
     def _start_node(self, host: Host) -> None:
-        log = open(self.log_path(host), "ab")  # noqa: SIM115 - the child keeps its own copy
+        log = open(self.log_path(host), "ab")
         try:
             proc = self._popen(
                 host, self._ray_argv(host), self.env, stdout=log, stderr=subprocess.STDOUT
@@ -358,7 +361,7 @@ class NetnsCluster:
         raylet to register, too short on a loaded machine) is started again, up to
         ``attempts`` times in all; the error names the node that never came up."""
         status = self.run_dir / "ready.json"
-        probe_log = open(self.run_dir / "logs" / "ready-probe.log", "wb")  # noqa: SIM115
+        probe_log = open(self.run_dir / "logs" / "ready-probe.log", "wb")
         try:
             probe = self._popen(
                 self.head,
