@@ -33,3 +33,29 @@ def test_listening_socket_listens_and_a_taken_port_is_an_oserror():
             listening_socket("127.0.0.1", port, 4)
     finally:
         first.close()
+
+
+def test_the_source_address_toward_loopback_is_loopback():
+    from arctic_platform.rl.network import source_address_for
+
+    assert source_address_for("127.0.0.1") == "127.0.0.1"
+    assert source_address_for("localhost") == "127.0.0.1"
+
+
+def test_the_interface_holding_127_0_0_1_is_the_loopback_interface():
+    from arctic_platform.rl.network import interface_with_address
+
+    assert interface_with_address("127.0.0.1") == loopback_interface()
+    assert interface_with_address("198.18.255.254") is None  # held by no interface here
+
+
+def test_a_free_port_range_is_bindable_and_a_taken_port_makes_it_not_free():
+    from arctic_platform.rl.network import free_port_range, ports_free
+
+    base = free_port_range(3, "127.0.0.1")
+    assert ports_free("127.0.0.1", base, 3)
+    taken = listening_socket("127.0.0.1", base + 1, 1)
+    try:
+        assert not ports_free("127.0.0.1", base, 3)
+    finally:
+        taken.close()

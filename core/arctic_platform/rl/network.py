@@ -98,3 +98,58 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
 def is_loopback(host: str) -> bool:
     """True when ``host`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def source_address_for(host: str) -> str:
+    """This node's IPv4 address on the route to ``host`` (the kernel chooses; nothing is sent).
+
+    A connected UDP socket only looks the route up: no packet leaves. Loopback for loopback.
+    """
+    if is_loopback(host):
+        return LOOPBACK
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # UDP "connect" sends nothing; port 9 is discard, never used
+        return str(s.getsockname()[0])
+
+
+def interface_with_address(address: str) -> str | None:
+    """The name of the interface holding IPv4 ``address`` on this node, or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for ifname in names:
+        if _interface_ipv4(ifname) == address:
+            return ifname
+    return None
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` (one of this node's addresses) a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def ports_free(host: str, base: int, count: int) -> bool:
+    """True when ports ``base .. base+count-1`` can all be bound on ``host`` right now."""
+    for port in range(base, base + count):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_range(
+    count: int, host: str = LOOPBACK, low: int = 30000, high: int = 60000, tries: int = 100
+) -> int:
+    """A base port with ``count`` consecutive ports free on ``host`` right now."""
+    import random
+
+    for _ in range(tries):
+        base = random.randint(low, high - count)
+        if ports_free(host, base, count):
+            return base
+    raise OSError(f"no {count} consecutive free ports in {low}..{high} on {host}")

@@ -96,25 +96,17 @@ def configure_process() -> int:
 _LISTENERS: list[int] = []  # listening fds handed to rendezvous stores: open for life
 
 
-def loopback_store(timeout: Any) -> Any:
-    """The world's rendezvous TCPStore, listening on MASTER_ADDR only when that is loopback.
+def bound_store(timeout: Any) -> Any:
+    """The world's rendezvous TCPStore, listening on MASTER_ADDR only (rank 0's node address).
 
     torch's own store listens on every interface whatever MASTER_ADDR says; rank 0 binds the
-    socket itself and hands it over, so a world on 127.0.0.1 is not reachable from outside.
-    Returns None when MASTER_ADDR is not a loopback address (torch's default applies).
+    socket itself and hands it over, so the world is reachable only where it was announced
+    (127.0.0.1 in a loopback cluster, the node's cluster address across nodes).
     """
-    import ipaddress
-
     from torch.distributed import TCPStore
 
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        return None
     if rank != 0:
         return TCPStore(host, port, world, False, timeout=timeout)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -144,22 +136,14 @@ def init_distributed() -> tuple[int, int]:
         if on_cpu():
             backend = "gloo"
         timeout = timedelta(seconds=DIST_TIMEOUT_S)
-        store = loopback_store(timeout)
-        if store is not None:
-            dist.init_process_group(
-                backend=backend,
-                store=store,
-                rank=int(os.environ["RANK"]),
-                world_size=int(os.environ["WORLD_SIZE"]),
-                timeout=timeout,
-            )
-            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-            return dist.get_rank(), dist.get_world_size()
-        deepspeed.init_distributed(
-            dist_backend=backend,
-            auto_mpi_discovery=False,
-            timeout=timedelta(seconds=DIST_TIMEOUT_S),
+        dist.init_process_group(
+            backend=backend,
+            store=bound_store(timeout),
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
         )
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
     elif not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(auto_mpi_discovery=False)
     return dist.get_rank(), dist.get_world_size()

@@ -49,10 +49,15 @@ class RayTransport(ClientTransport):
                 f"no Ray cluster answers at {address} (from {self.run_dir / ADDRESS_FILE}); "
                 "the server is down or still starting"
             )
-        from arctic_platform.rl.server.ray_cluster import prepare_ray
+        from arctic_platform.rl.server.ray_cluster import (
+            driver_node_address,
+            is_loopback_address,
+            prepare_ray,
+        )
 
         token = self.run_dir / "ray_auth_token"
-        ray = prepare_ray(token if token.exists() else None)  # loopback only, cluster's token
+        loopback = is_loopback_address(address)  # else join with this node's own address
+        ray = prepare_ray(token if token.exists() else None, loopback=loopback)
 
         if not ray.is_initialized():
             try:
@@ -60,7 +65,7 @@ class RayTransport(ClientTransport):
                     address=address,
                     namespace=NAMESPACE,
                     log_to_driver=False,
-                    _node_ip_address="127.0.0.1",
+                    _node_ip_address=driver_node_address(address),
                 )
             except Exception as exc:
                 raise TransportError(f"cannot join the Ray cluster at {address}: {exc}") from None

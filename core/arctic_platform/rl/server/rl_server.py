@@ -25,7 +25,7 @@ from arctic_platform.rl.server.job_table import (
     replay_request,
     roll_back_requests,
 )
-from arctic_platform.rl.server.jobs import Job, JobManager, JobState, free_port_range
+from arctic_platform.rl.server.jobs import Job, JobManager, JobState
 from arctic_platform.rl.wire import describe_errors
 
 logger = logging.getLogger(__name__)
@@ -171,13 +171,7 @@ class RLServer:
 
     def status(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
         """Every job's public view, and the cluster."""
-        cluster = None
-        if self.cluster is not None:
-            cluster = {
-                "cpu_mode": self.cluster.cpu_mode,
-                "started_here": self.cluster.started_here,
-                "gpus": self.cluster.resources.get("GPU", 0),
-            }
+        cluster = self.cluster.describe() if self.cluster is not None else None
         return {
             "version": __version__,
             "jobs": [job.describe() for job in self.jobs.jobs.values()],
@@ -486,6 +480,7 @@ class RLServer:
         targets (same ports); after a failed sync, or for other targets, the next sync
         builds new ones on fresh ports."""
         from arctic_platform.rl.config import WeightSyncConfig
+        from arctic_platform.rl.weight_sync.pair_auth import new_secret
         from arctic_platform.rl.weight_sync.strategy import DEFAULT_STRATEGY, check_strategy
 
         strategy = check_strategy(getattr(request, "strategy", None) or DEFAULT_STRATEGY)
@@ -507,7 +502,8 @@ class RLServer:
             self.sync_bucket_bytes,
         )
         if not hasattr(self, "_sync_ports"):
-            self._sync_ports: dict[int, tuple[Any, int]] = {}  # trainer job -> topology, port
+            # trainer job -> (topology, base port, pair secret) of the pair worlds it keeps
+            self._sync_ports: dict[int, tuple[Any, int, str]] = {}
         version = max(job.weight_version for job in targets) + 1
         started = time.monotonic()
         with trainer.lock:
@@ -515,23 +511,35 @@ class RLServer:
                 job.lock.acquire()
             kept = self._sync_ports.pop(trainer.job_id, None)
             try:
-                base_port = kept[1] if kept and kept[0] == topology else None
+                reuse = kept is not None and kept[0] == topology
+                if kept is not None and reuse:
+                    base_port, secret = kept[1], kept[2]
+                else:
+                    base_port, secret = self._sync_base_port(trainer, len(replicas)), new_secret()
                 sync = WeightSyncConfig(
                     training_sharding=sharding,
                     training_gpus=len(trainer.workers),
                     inference_replicas=len(replicas),
                     inference_tp=1,
-                    base_port=base_port or free_port_range(len(replicas)),
+                    base_port=base_port,
                     bucket_size=self.sync_bucket_bytes,
                 )
                 data = sync.model_dump()
+                senders = {rank: trainer.node_of(rank) for rank in range(len(trainer.workers))}
                 send = [
-                    w.sync_send.remote(data, version, self.sync_timeout, shared_memory)
+                    w.sync_send.remote(data, version, self.sync_timeout, shared_memory, secret)
                     for w in trainer.workers
                 ]
                 receive = [
                     w.sync_receive.remote(
-                        data, i, version, self.sync_timeout, shared_memory, strategy
+                        data,
+                        i,
+                        version,
+                        self.sync_timeout,
+                        shared_memory,
+                        strategy,
+                        senders,
+                        secret,
                     )
                     for i, (_, w) in enumerate(replicas)
                 ]
@@ -544,7 +552,8 @@ class RLServer:
                     )
                 for job in targets:
                     job.weight_version = version
-                self._sync_ports[trainer.job_id] = (topology, sync.base_port)  # only if it worked
+                # only after a sync that worked
+                self._sync_ports[trainer.job_id] = (topology, sync.base_port, secret)
             finally:
                 for job in targets:
                     job.lock.release()
@@ -560,6 +569,22 @@ class RLServer:
             "reused_connections": sum(int(r.get("reused", 0)) for r in reports),
             "jobs": {str(job.job_id): job.weight_version for job in targets},
         }
+
+    def _sync_base_port(self, trainer: Job, count: int) -> int:
+        """Ports ``base .. base+count-1`` for the pair stores, free on every sender's node:
+        the senders bind them, so they choose (rank 0 proposes, the others confirm)."""
+        workers = trainer.workers
+        for _ in range(8):
+            base = int(
+                self.jobs.call(trainer, [workers[0].free_port_range.remote(count)], "sync ports")[0]
+            )
+            checks = [w.ports_free.remote(base, count) for w in workers[1:]]
+            if all(self.jobs.call(trainer, checks, "sync ports")) if checks else True:
+                return base
+        raise JobStateError(
+            f"no {count} consecutive ports were free on every node of training job "
+            f"{trainer.job_id} ({trainer.node_names()}) for the weight sync"
+        )
 
     def weight_norm(self, request: wire.WeightNormRequest) -> dict[str, Any]:
         """L2 norm of each job's weights (every replica; they must agree)."""

@@ -57,12 +57,57 @@ class EngineWorker:
         self.engine: Any = None
         self._lock = threading.Lock()
 
-    def setup(self) -> dict[str, Any]:
-        """Build the engine (model load, distributed init); returns where it runs."""
+    def node(self) -> dict[str, Any]:
+        """Where this worker runs: its node's address and Ray node id, and its pid."""
+        import ray
+
+        return {
+            "address": self.node_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+        }
+
+    @staticmethod
+    def node_address() -> str:
+        """This node's address in the cluster (127.0.0.1 in a loopback-only cluster)."""
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def free_port(self) -> int:
+        """A port free on this node's address, for a listener this worker will bind."""
+        from arctic_platform.rl.network import free_port
+
+        return free_port(self.node_address())
+
+    def free_port_range(self, count: int) -> int:
+        """A base port with ``count`` consecutive ports free on this node's address."""
+        from arctic_platform.rl.network import free_port_range
+
+        return free_port_range(count, self.node_address())
+
+    def ports_free(self, base: int, count: int) -> bool:
+        """Whether ``base .. base+count-1`` are free on this node's address right now."""
+        from arctic_platform.rl.network import ports_free
+
+        return ports_free(self.node_address(), base, count)
+
+    def setup(self, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Build the engine (model load, distributed init) with ``env`` added; returns where it
+        runs.
+
+        Gloo and NCCL use the interface holding this node's address unless the environment
+        already names one (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``)."""
         from arctic_platform.rl.config import ArcticRLClientConfig
         from arctic_platform.rl.interfaces import EngineContext
+        from arctic_platform.rl.network import interface_with_address
         from arctic_platform.rl.plugins import get_registry
 
+        os.environ.update(env or {})
+        interface = interface_with_address(self.node_address())
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if interface and not os.environ.get(name):
+                os.environ[name] = interface
         with self._lock:
             config = ArcticRLClientConfig.model_validate(self.config_data)
             spec = get_registry().get("engine", self.engine_name, role=self.role)
@@ -75,7 +120,11 @@ class EngineWorker:
             )
             started = time.monotonic()
             self.engine = spec.create(config, context)
-            return {"pid": os.getpid(), "seconds": time.monotonic() - started}
+            return {
+                "pid": os.getpid(),
+                "seconds": time.monotonic() - started,
+                "address": self.node_address(),
+            }
 
     def ping(self) -> int:
         """Liveness check that never waits for the engine lock."""
@@ -104,9 +153,16 @@ class EngineWorker:
             return int(self.engine.global_step)
 
     def sync_send(
-        self, sync_config: dict[str, Any], version: int, timeout: float, shared_memory: bool
+        self,
+        sync_config: dict[str, Any],
+        version: int,
+        timeout: float,
+        shared_memory: bool,
+        secret: str | None = None,
     ) -> dict[str, Any]:
-        """Send this rank's weights to its targets (every rank joins the gather)."""
+        """Send this rank's weights to its targets (every rank joins the gather).
+
+        Pair stores listen on this node's address; receivers must prove ``secret``."""
         from arctic_platform.rl.config import WeightSyncConfig
         from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
 
@@ -114,9 +170,11 @@ class EngineWorker:
         coordinator = WeightSyncCoordinator(
             WeightSyncConfig(**sync_config),
             timeout=timeout,
+            host=self.node_address(),
             shared_memory=shared_memory,
             channels=channels,
             buffers=buffers,
+            secret=secret,
         )
         with self._lock:
             report = coordinator.send(self.rank, self.engine.named_weights(), version=version)
@@ -130,8 +188,11 @@ class EngineWorker:
         timeout: float,
         shared_memory: bool,
         strategy: str = "drain",
+        sender_addresses: dict[int, str] | None = None,
+        secret: str | None = None,
     ) -> dict[str, Any]:
-        """Receive all weights, then swap them in by ``strategy``.
+        """Receive all weights (from the sender ranks at ``sender_addresses``), then swap them
+        in by ``strategy``.
 
         An engine with ``swap_weights`` (the vLLM sampling engine) swaps between two of its
         steps: ``drain`` after the running requests finish, ``hotswap`` with them running.
@@ -147,9 +208,12 @@ class EngineWorker:
         coordinator = WeightSyncCoordinator(
             WeightSyncConfig(**sync_config),
             timeout=timeout,
+            host=self.node_address(),
+            sender_hosts={int(k): v for k, v in (sender_addresses or {}).items()},
             shared_memory=shared_memory,
             channels=channels,
             buffers=buffers,
+            secret=secret,
         )
         # full checkpoint tensors: vLLM's weight loaders cut their own tensor-parallel shards;
         # they are views into kept buffers, valid until the next sync (load_weights copies)

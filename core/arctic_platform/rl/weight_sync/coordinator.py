@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from arctic_platform.rl.weight_sync.buckets import (
 )
 from arctic_platform.rl.weight_sync.buffers import BufferCache
 from arctic_platform.rl.weight_sync.channels import ChannelCache, PairChannel
+from arctic_platform.rl.weight_sync.pair_auth import PairAuth, StrayPeerError
 from arctic_platform.rl.weight_sync.schedule import Transfer, TransferSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +127,13 @@ def _await_listener(host: str, port: int, deadline: float) -> None:
 
 
 class WeightSyncCoordinator:
-    """One coordinator per process; call ``send`` on training ranks, ``receive`` on targets."""
+    """One coordinator per process; call ``send`` on training ranks, ``receive`` on targets.
+
+    ``host`` is this process's own address: a sender's pair stores listen there and gloo
+    binds there. A receiver reaches sender rank ``r`` at ``sender_hosts[r]`` (default
+    ``host``: all on one node). With ``secret`` both sides of a pair prove they hold it and
+    a stray connection to a pair's port is refused (see ``pair_auth.py``).
+    """
 
     def __init__(
         self,
@@ -134,6 +141,8 @@ class WeightSyncCoordinator:
         *,
         timeout: float = 60.0,
         host: str = "127.0.0.1",
+        sender_hosts: Mapping[int, str] | None = None,
+        secret: str | None = None,
         shared_memory: bool = False,
         shm_dir: str | Path = "/dev/shm",
         reuse_buffers: bool = False,
@@ -144,6 +153,8 @@ class WeightSyncCoordinator:
         self.schedule = TransferSchedule.from_config(config)
         self.timeout = timeout
         self.host = host
+        self.sender_hosts = dict(sender_hosts or {})
+        self.secret = secret
         self.shared_memory = shared_memory
         self.shm_dir = Path(shm_dir)
         # kept packing/receive buffers (``reuse_buffers`` or a cache shared across syncs)
@@ -192,20 +203,25 @@ class WeightSyncCoordinator:
         report.seconds = time.monotonic() - started
         return report
 
+    def _store_host(self, transfer: Transfer, master: bool) -> str:
+        """Where the pair's store listens: the sender's node address."""
+        return self.host if master else self.sender_hosts.get(transfer.sender, self.host)
+
     def _open_store(self, transfer: Transfer, master: bool) -> Any:
         from torch.distributed import TCPStore
 
         side = "sender" if master else "receiver"
+        host = self._store_host(transfer, master)
         fd: int | None = None
         try:
             if not master:
                 # wait for the sender's store to listen before connecting: TCPStore's own
                 # retry backs off for ~1 s, which dominated small syncs
-                _await_listener(self.host, transfer.port, time.monotonic() + self.timeout)
+                _await_listener(host, transfer.port, time.monotonic() + self.timeout)
             # torch's own store listens on every interface; ours only on ``host``
-            fd = _listen(self.host, transfer.port) if master else None
+            fd = _listen(host, transfer.port) if master else None
             store = TCPStore(
-                self.host,
+                host,
                 transfer.port,
                 2,
                 master,
@@ -226,13 +242,16 @@ class WeightSyncCoordinator:
                 else f"port {transfer.port}"
             )
             raise WeightSyncError(
-                f"{side} could not reach {peer} on {self.host}:{transfer.port} within "
+                f"{side} could not reach {peer} on {host}:{transfer.port} within "
                 f"{self.timeout}s: {exc}"
             ) from None
 
-    def _wait_key(self, store: Any, key: str, who: str, port: int) -> str:
+    def _wait_key(
+        self, store: Any, key: str, who: str, port: int, timeout: float | None = None
+    ) -> str:
+        limit = self.timeout if timeout is None else timeout
         try:
-            store.wait([key], _timedelta(self.timeout))
+            store.wait([key], _timedelta(limit))
             return bytes(store.get(key)).decode()
         except Exception as exc:
             if isinstance(exc, WeightSyncError):
@@ -240,6 +259,28 @@ class WeightSyncCoordinator:
             raise WeightSyncError(
                 f"{who} did not arrive on port {port} within {self.timeout}s ({key!r}: {exc})"
             ) from None
+
+    def _wait_signed(self, store: Any, auth: PairAuth, key: str, who: str, port: int) -> str:
+        """The value of ``key``, checked to come from the peer holding the secret."""
+        return auth.check(key, self._wait_key(store, key, who, port))
+
+    def _wait_hello(self, store: Any, auth: PairAuth, who: str, port: int) -> tuple[str, str]:
+        """The receiver's channel id and sync number; hellos without the secret are dropped
+        (a stray connection) and the wait goes on until the timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WeightSyncError(
+                    f"{who} did not arrive on port {port} within {self.timeout}s ('hello')"
+                )
+            raw = self._wait_key(store, "hello", who, port, timeout=left)
+            store.delete_key("hello")
+            try:
+                channel_id, _, seq = auth.check("hello", raw).partition(":")
+                return channel_id, seq
+            except StrayPeerError as exc:
+                logger.warning("%s", exc)
 
     def _send_one(
         self,
@@ -254,6 +295,7 @@ class WeightSyncCoordinator:
 
         target = f"the receiver (replica {transfer.replica}, tp_rank {transfer.tp_rank})"
         port = transfer.port
+        auth = PairAuth(self.secret, port)
         kept = self.channels.take(port, True) if self.channels is not None else None
         channel = kept or PairChannel(port, True, self._open_store(transfer, master=True))
         store = channel.store
@@ -261,8 +303,7 @@ class WeightSyncCoordinator:
         ok = False
         try:
             # the receiver opens each sync with its channel id and sync number
-            channel_id, _, seq = self._wait_key(store, "hello", target, port).partition(":")
-            store.delete_key("hello")
+            channel_id, seq = self._wait_hello(store, auth, target, port)
             ns = f"{channel_id}/{seq}/"
             mode = "shm" if self.shared_memory else "pg"
             device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
@@ -271,21 +312,23 @@ class WeightSyncCoordinator:
                 channel.pg, channel.pg_key = None, None  # its peer is gone: a new one
                 channel.pg_count += 1
                 pg_prefix = f"pg/{channel_id}/{channel.pg_count}"
-            store.set(ns + "mode", mode)
-            store.set(ns + "pg", pg_prefix)
-            store.set(ns + "plan", plan)
-            ack = self._wait_key(store, ns + "ack", target, port)
+            store.set(ns + "mode", auth.sign(ns + "mode", mode))
+            store.set(ns + "pg", auth.sign(ns + "pg", pg_prefix))
+            store.set(ns + "plan", auth.sign(ns + "plan", plan))
+            ack = self._wait_signed(store, auth, ns + "ack", target, port)
             if ack != "ok":
                 raise WeightMismatchError(f"{target} rejected the weights: {ack}")
             if mode == "shm":
                 shm_path = self._write_shm(transfer, buckets, tensors)
-                store.set(ns + "shm", str(shm_path))
+                store.set(ns + "shm", auth.sign(ns + "shm", str(shm_path)))
             else:
                 if pg_prefix != "keep":
-                    channel.pg = self._process_group(store, pg_prefix, 0, device, target, port)
+                    channel.pg = self._process_group(
+                        store, auth.group_name(pg_prefix), 0, device, target, port
+                    )
                     channel.pg_key = (channel_id, device.type)
                 self._send_buckets(channel.pg, buckets, tensors, device, target, f"pack{index}")
-            done = self._wait_key(store, ns + "done", target, port)
+            done = self._wait_signed(store, auth, ns + "done", target, port)
             if done != "ok":
                 raise WeightSyncError(f"{target} failed after receiving: {done}")
             for key in ("mode", "pg", "plan", "ack", "shm", "done"):
@@ -408,7 +451,7 @@ class WeightSyncCoordinator:
         same plan (no page faults), so returned tensors are valid until the next receive."""
         return self._buffers("recv", [b.nbytes for b in buckets], device)
 
-    def _hello(self, transfer: Transfer, sender: str) -> tuple[PairChannel, str]:
+    def _hello(self, transfer: Transfer, sender: str, auth: PairAuth) -> tuple[PairChannel, str]:
         """Open this sync on the kept channel (or a new one): returns it and the key prefix.
 
         A kept channel whose sender went away fails its round trip at once (broken pipe);
@@ -421,7 +464,9 @@ class WeightSyncCoordinator:
             try:
                 channel.store.add(f"{channel.channel_id}/alive", 1)  # a round trip
                 ns = f"{channel.channel_id}/{channel.seq}/"
-                channel.store.set("hello", f"{channel.channel_id}:{channel.seq}")
+                channel.store.set(
+                    "hello", auth.sign("hello", f"{channel.channel_id}:{channel.seq}")
+                )
                 channel.seq += 1
                 return channel, ns
             except Exception as exc:
@@ -451,28 +496,34 @@ class WeightSyncCoordinator:
         transfer = self.schedule.for_target(replica, tp_rank)
         sender = f"the sender (training rank {transfer.sender})"
         port = transfer.port
+        auth = PairAuth(self.secret, port)
         started = time.monotonic()
         if self.channels is not None:
             self.channels.retain([port])
         kept = self.channels.peek(port, False) if self.channels is not None else None
-        channel, ns = self._hello(transfer, sender)
+        channel, ns = self._hello(transfer, sender, auth)
         reused = kept is not None and channel is kept
         store = channel.store
         ok = False
         try:
-            mode = self._wait_key(store, ns + "mode", sender, port)
-            pg_prefix = self._wait_key(store, ns + "pg", sender, port)
-            version, buckets = plan_from_json(self._wait_key(store, ns + "plan", sender, port))
+            try:
+                mode = self._wait_signed(store, auth, ns + "mode", sender, port)
+                pg_prefix = self._wait_signed(store, auth, ns + "pg", sender, port)
+                plan = self._wait_signed(store, auth, ns + "plan", sender, port)
+            except StrayPeerError as exc:
+                store.set(ns + "ack", auth.sign(ns + "ack", str(exc)))
+                raise
+            version, buckets = plan_from_json(plan)
             try:
                 check_plan(buckets, expected)
             except WeightMismatchError as exc:
-                store.set(ns + "ack", str(exc))
+                store.set(ns + "ack", auth.sign(ns + "ack", str(exc)))
                 raise
-            store.set(ns + "ack", "ok")
+            store.set(ns + "ack", auth.sign(ns + "ack", "ok"))
             received: list[tuple[str, torch.Tensor]] = []
             try:
                 if mode == "shm":
-                    path = self._wait_key(store, ns + "shm", sender, port)
+                    path = self._wait_signed(store, auth, ns + "shm", sender, port)
                     total = sum(b.nbytes for b in buckets)
                     region = torch.from_file(
                         path, shared=False, size=max(total, 1), dtype=torch.uint8
@@ -485,7 +536,7 @@ class WeightSyncCoordinator:
                     if pg_prefix != "keep":
                         channel.pg, channel.pg_key = None, None
                         channel.pg = self._process_group(
-                            store, pg_prefix, 1, torch.device(device), sender, port
+                            store, auth.group_name(pg_prefix), 1, torch.device(device), sender, port
                         )
                         channel.pg_key = (channel.channel_id, torch.device(device).type)
                     elif channel.pg is None:
@@ -507,11 +558,11 @@ class WeightSyncCoordinator:
                     ]
             except Exception as exc:
                 try:
-                    store.set(ns + "done", f"{type(exc).__name__}: {exc}")
+                    store.set(ns + "done", auth.sign(ns + "done", f"{type(exc).__name__}: {exc}"))
                 except Exception:
                     pass
                 raise
-            store.set(ns + "done", "ok")
+            store.set(ns + "done", auth.sign(ns + "done", "ok"))
             reused = reused and (mode == "shm" or pg_prefix == "keep")
             ok = True
         finally:
