@@ -9,7 +9,6 @@ from which a restarted server brings its jobs back.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 import traceback
@@ -21,6 +20,7 @@ from typing import Any
 
 from arctic_platform.rl.errors import (
     ArcticRLError,
+    EngineError,
     InvalidRequestError,
     JobNotFoundError,
     JobStateError,
@@ -62,47 +62,20 @@ class JobState(StrEnum):
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on 127.0.0.1 (for this process's own listeners and tests)."""
+    from arctic_platform.rl.network import free_port as free_port_on
+
+    return free_port_on("127.0.0.1")
 
 
-def free_port_range(count: int, low: int = 30000, high: int = 60000) -> int:
-    """A base port with ``count`` consecutive ports free on 127.0.0.1 right now."""
-    import random
-
-    for _ in range(100):
-        base = random.randint(low, high - count)
-        try:
-            for port in range(base, base + count):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports in {low}..{high}")
-
-
-def _gloo_interface_env() -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME`` = the loopback interface, when every Ray node is on loopback.
-
-    Gloo otherwise picks its interface from the host name, which may resolve to another
-    address than the 127.0.0.1 our process groups rendezvous on. An explicit setting wins.
-    """
+def _user_interface_env() -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` the user set for this server: passed on
+    to the workers (otherwise each worker takes the interface holding its node's address)."""
     import os
 
-    import ray
-
-    from arctic_platform.rl.network import is_loopback, loopback_interface
-
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        return {}
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if not nodes or not all(is_loopback(str(n.get("NodeManagerAddress", ""))) for n in nodes):
-        return {}
-    name = loopback_interface()
-    return {"GLOO_SOCKET_IFNAME": name} if name else {}
+    return {
+        k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if os.environ.get(k)
+    }
 
 
 def _cluster_gpus() -> float | None:
@@ -131,6 +104,31 @@ def _check_cluster_has(job_type: str, config: Any) -> None:
             f"{field}={need} is more than the {total:g} GPUs the Ray cluster has in all; "
             "this job could never be placed"
         )
+
+
+def _dead_nodes() -> dict[str, dict[str, Any]]:
+    """Nodes Ray reports dead, by node id (empty when Ray is not connected)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    try:
+        return {str(n.get("NodeID")): n for n in ray.nodes() if not n.get("Alive")}
+    except Exception:  # the GCS itself is unreachable: nothing to say about nodes
+        return {}
+
+
+def _lost_nodes(job: Job, dead: dict[str, dict[str, Any]]) -> str:
+    """Which of ``job``'s worker nodes are dead, as text naming them ('' if none)."""
+    lost = []
+    for index, node in enumerate(job.nodes):
+        info = dead.get(str(node.get("node_id")))
+        if info is None:
+            continue
+        why = info.get("DeathReasonMessage") or "Ray marked it dead"
+        lost.append(f"node {node.get('address')} (worker {index}): {why}")
+    return "; ".join(dict.fromkeys(lost))
 
 
 def _reason(exc: BaseException) -> str:
@@ -167,6 +165,18 @@ class Job:
     request_ids: list[RequestIdRecord] = field(default_factory=list, repr=False)
     launch_overrides: dict[str, Any] = field(default_factory=dict, repr=False)
     listener: Callable[[Job], None] | None = field(default=None, repr=False)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Per worker (rank or replica order): its node's address and Ray node id."""
+
+    def node_of(self, index: int) -> str:
+        """The address of worker ``index``'s node, or ``unknown``."""
+        if 0 <= index < len(self.nodes):
+            return str(self.nodes[index].get("address", "unknown"))
+        return "unknown"
+
+    def node_names(self) -> str:
+        """The addresses of this job's worker nodes, for messages."""
+        return ", ".join(sorted({str(n.get("address")) for n in self.nodes})) or "unknown"
 
     def set_state(self, state: JobState, reason: str | None = None) -> None:
         """Move to ``state`` (terminal states are final) and record it in the job table."""
@@ -246,6 +256,7 @@ class Job:
             "num_gpus": self.num_gpus,
             "workers": len(self.workers),
             "worker_pids": list(self.worker_pids),
+            "worker_nodes": [dict(n) for n in self.nodes],
             "weight_version": self.weight_version,
             "weights_from": self.weights_from,
             "global_step": self.global_step,
@@ -368,6 +379,7 @@ class JobManager:
         job.reason = None
         job.cancel_requested = False
         job.worker_pids = []
+        job.nodes = []
         job.updated_at = time.time()
         job.launch_overrides = self._restore_source(job)
         logger.info(
@@ -537,22 +549,20 @@ class JobManager:
             job.set_state(JobState.INITIALIZING)
             work_dir = self.run_dir / "jobs" / str(job.job_id)
             work_dir.mkdir(parents=True, exist_ok=True)
-            master_port = free_port()
             remote_cls: Any = ray.remote(EngineWorker)
             workers = []
-            gloo_env = _gloo_interface_env()
+            user_env = _user_interface_env()
             for index, fraction in enumerate(fractions):
                 env = {
                     "RANK": str(index),
-                    "LOCAL_RANK": str(index),
+                    "LOCAL_RANK": "0",  # one bundle, one (logical) GPU per worker
                     "WORLD_SIZE": str(job.num_gpus if job.job_type == "training" else 1),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(master_port if job.job_type == "training" else free_port()),
                     "ARCTIC_RL_JOB_ID": str(job.job_id),
-                    **gloo_env,
+                    "ARCTIC_RL_OP_TIMEOUT": str(self.op_timeout),  # engines' own waits
+                    **user_env,
                 }
                 if job.job_type != "training":
-                    env["RANK"], env["LOCAL_RANK"] = "0", "0"
+                    env["RANK"] = "0"
                 rank = index if job.job_type == "training" else 0
                 world = job.num_gpus if job.job_type == "training" else 1
                 worker = remote_cls.options(
@@ -576,21 +586,39 @@ class JobManager:
                 )
                 workers.append(worker)
             job.workers = workers
-            refs = [w.setup.remote() for w in workers]
-            pending = list(refs)
-            while pending:
-                if job.cancel_requested:
+            # every address and port comes from the worker that uses it, on its own node
+            infos = self._await(job, [w.node.remote() for w in workers], deadline, "start")
+            if infos is None:
+                return
+            job.nodes = [{"address": i["address"], "node_id": i["node_id"]} for i in infos]
+            if job.job_type == "training":  # one world: rank 0 listens on its node
+                port = self._await(job, [workers[0].free_port.remote()], deadline, "start")
+                if port is None:
                     return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(
-                        f"engines of job {job.job_id} were not ready within "
-                        f"job_ready_timeout={timeout}s"
-                    )
-                _, pending = ray.wait(
-                    pending, num_returns=len(pending), timeout=min(1.0, remaining)
-                )
-            job.worker_pids = [int(info["pid"]) for info in ray.get(refs)]
+                envs = [{"MASTER_ADDR": job.node_of(0), "MASTER_PORT": str(port[0])}] * len(workers)
+            else:  # worlds of one: each worker on its own node
+                ports = self._await(job, [w.free_port.remote() for w in workers], deadline, "start")
+                if ports is None:
+                    return
+                envs = [
+                    {"MASTER_ADDR": job.node_of(i), "MASTER_PORT": str(p)}
+                    for i, p in enumerate(ports)
+                ]
+            logger.info(
+                "job %d (%s): workers on %s",
+                job.job_id,
+                job.job_type,
+                ", ".join(f"{i}@{job.node_of(i)}" for i in range(len(workers))),
+            )
+            done = self._await(
+                job,
+                [w.setup.remote(e) for w, e in zip(workers, envs, strict=True)],
+                deadline,
+                "be ready",
+            )
+            if done is None:
+                return
+            job.worker_pids = [int(info["pid"]) for info in done]
             if job.job_type == "training" and job.launch_overrides.get("checkpoint_path"):
                 step = ray.get(workers[0].global_step.remote(), timeout=self.op_timeout)
                 job.global_step = int(step)
@@ -599,6 +627,25 @@ class JobManager:
             logger.debug("job %d failed: %s", job.job_id, traceback.format_exc())
             job.set_state(JobState.FAILED, reason=f"{type(exc).__name__}: {_reason(exc)}")
             self._release(job)
+
+    @staticmethod
+    def _await(job: Job, refs: list[Any], deadline: float, what: str) -> list[Any] | None:
+        """Results of ``refs`` once all are in; None when the job was cancelled meanwhile."""
+        import ray
+
+        pending = list(refs)
+        timeout = float(job.config.get("job_ready_timeout", 600.0))
+        while pending:
+            if job.cancel_requested:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"engines of job {job.job_id} did not {what} within "
+                    f"job_ready_timeout={timeout}s"
+                )
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, remaining))
+        return list(ray.get(refs))
 
     @staticmethod
     def _wait_ready(ref: Any, timeout: float) -> bool:
@@ -629,22 +676,50 @@ class JobManager:
             self._worker_died(job, workers, reason)
             raise WorkerDiedError(reason) from None
         except RayTaskError as exc:
+            # Only a deliberate refusal (an ArcticRLError below 500, e.g. InvalidRequestError)
+            # is the caller's fault; anything else an engine raised is the server's: a 500
+            # naming the job and operation, its traceback in the job's log.
             cause = exc.cause if isinstance(exc.cause, Exception) else None
-            if isinstance(cause, ArcticRLError):
+            if isinstance(cause, ArcticRLError) and cause.status < 500:
                 raise cause from None
-            if isinstance(cause, ValueError | TypeError | KeyError):
-                raise InvalidRequestError(f"{operation} on job {job.job_id}: {cause}") from None
-            raise
+            log = self._log_failure(job, operation, exc)
+            where = f"{operation} on job {job.job_id} ({job.job_type})"
+            if isinstance(cause, ArcticRLError):
+                if f"job {job.job_id}" not in str(cause) and len(cause.args) == 1:
+                    cause.args = (f"{where}: {cause}",)
+                raise cause from None
+            what = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+            raise EngineError(f"{where} failed: {what} (traceback in {log})") from None
+
+    def _log_failure(self, job: Job, operation: str, exc: BaseException) -> Path:
+        """Append an engine failure's (remote) traceback to the job's log; returns its path."""
+        log = self.run_dir / "jobs" / str(job.job_id) / "job.log"
+        text = "".join(traceback.format_exception(exc))
+        logger.error("%s on job %d failed; traceback in %s\n%s", operation, job.job_id, log, text)
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as f:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                f.write(f"--- {stamp} {operation} failed\n{text}\n")
+        except OSError as err:  # pragma: no cover - the server log still has it
+            logger.warning("could not write %s: %s", log, err)
+        return log
 
     def check_alive(self) -> None:
-        """Ping every running job's workers; a dead worker turns its job ``failed``."""
+        """Fail every running job with a worker on a node Ray reports dead (killed or cut
+        off), then ping the rest; a dead worker turns its job ``failed``."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
+        gone = _dead_nodes()
         for job in list(self.jobs.values()):
             if job.state is not JobState.RUNNING:
                 continue
             workers = job.workers
+            lost = _lost_nodes(job, gone)
+            if lost:
+                self._worker_died(job, workers, f"job {job.job_id} lost {lost}")
+                continue
             try:
                 ray.get([w.ping.remote() for w in workers], timeout=30)
             except RayActorError as exc:
@@ -654,8 +729,12 @@ class JobManager:
                 logger.warning("job %d: a worker did not answer a ping within 30 s", job.job_id)
 
     def _worker_died(self, job: Job, workers: list[Any], reason: str) -> None:
-        """Fail ``job`` for a dead worker, unless it was restarted since (new workers)."""
+        """Fail ``job`` for a dead worker, unless it was restarted since (new workers); the
+        reason names the node when Ray reports it dead."""
         if job.state is JobState.RUNNING and job.workers is workers:
+            lost = _lost_nodes(job, _dead_nodes())
+            if lost and "lost node" not in reason:
+                reason = f"{reason} (job {job.job_id} lost {lost})"
             job.set_state(JobState.FAILED, reason=reason)
             self._release(job)
 
