@@ -5,12 +5,15 @@ between two engine steps, so concurrent calls share batches, and hands each call
 outputs when all of its requests have finished. ``run`` executes a function in the loop
 thread between two steps: ``when="idle"`` first stops admitting calls and lets the running
 requests finish (a drain), ``when="now"`` runs it with requests still in flight (a hotswap).
+Every wait has a timeout (``timeout``; by default the server's operation timeout): a timed-out
+call's requests are aborted in vLLM, a timed-out task that has not started is dropped.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -23,6 +26,17 @@ from arctic_platform.rl.errors import EngineError
 logger = logging.getLogger(__name__)
 
 When = Literal["now", "idle"]
+OP_TIMEOUT_ENV = "ARCTIC_RL_OP_TIMEOUT"  # set by the server in each worker: its --op-timeout
+DEFAULT_TIMEOUT = 900.0  # seconds; the server's default operation timeout
+
+
+def op_timeout() -> float:
+    """Seconds an engine call may wait: ``$ARCTIC_RL_OP_TIMEOUT``, else ``DEFAULT_TIMEOUT``."""
+    try:
+        value = float(os.environ.get(OP_TIMEOUT_ENV, DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
 
 
 class _Call:
@@ -87,9 +101,14 @@ class GenerationLoop:
     """One thread that owns a vLLM ``LLMEngine``: admits calls between steps, runs tasks."""
 
     def __init__(
-        self, engine: Any, name: str = "vllm-loop", ready: Callable[[], Any] | None = None
+        self,
+        engine: Any,
+        name: str = "vllm-loop",
+        ready: Callable[[], Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._engine = engine
+        self.timeout = op_timeout() if timeout is None else timeout  # default of every wait
         self._ready = ready  # raises when the engine may not take requests now (asleep)
         self._cond = threading.Condition()
         self._queued: deque[_Call] = deque()
@@ -125,7 +144,11 @@ class GenerationLoop:
         return call
 
     def wait(self, call: _Call, timeout: float | None = None) -> list[Any]:
-        """The call's ``RequestOutput``s in prompt order; raises what failed it."""
+        """The call's ``RequestOutput``s in prompt order; raises what failed it.
+
+        After ``timeout`` s (default ``self.timeout``) its requests are aborted in vLLM and
+        it fails with ``EngineError``."""
+        timeout = self.timeout if timeout is None else timeout
         if not call.done.wait(timeout):
             self._abort(call, EngineError(f"generate did not finish within {timeout} s"))
             call.done.wait()
@@ -133,17 +156,34 @@ class GenerationLoop:
             raise call.error
         return [call.outputs[rid] for rid in call.request_ids]
 
-    def run(self, function: Callable[[], Any], when: When = "now") -> Any:
+    def run(
+        self, function: Callable[[], Any], when: When = "now", timeout: float | None = None
+    ) -> Any:
         """Run ``function`` in the loop thread between two steps and return its result.
 
-        ``idle``: no call is admitted meanwhile and the running requests finish first.
+        ``idle``: no call is admitted meanwhile and the running requests finish first. After
+        ``timeout`` s (default ``self.timeout``) an ``EngineError``: a task not started yet
+        is dropped, one already running finishes in the loop thread unobserved.
         """
+        timeout = self.timeout if timeout is None else timeout
         task = _Task(function, when)
         with self._cond:
             self._check_open()
             self._tasks.append(task)
             self._cond.notify_all()
-        task.done.wait()
+        if not task.done.wait(timeout):
+            with self._cond:
+                queued = task in self._tasks
+                if queued:
+                    self._tasks.remove(task)
+                    self._cond.notify_all()
+            if queued:
+                raise EngineError(
+                    f"a task ({when}) waited {timeout} s for the vLLM loop and was dropped "
+                    f"(running requests: {self.counts()['running_requests']})"
+                )
+            if not task.done.is_set():
+                raise EngineError(f"a task ({when}) of the vLLM loop ran longer than {timeout} s")
         if task.error is not None:
             raise task.error
         return task.result
