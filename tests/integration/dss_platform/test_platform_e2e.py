@@ -264,6 +264,7 @@ def test_cache_and_memory_operations_answer_inline(alice):
 def test_checkpoints_are_listed_exported_loaded_and_deleted(alice):
     t = alice.transport
     path = alice.save_checkpoint(tag="ckpt-a")
+    alice.fwd_bwd({"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}, "importance_sampling")
     step = alice.step()["global_step"]
     job = t.job_id
     listed = t._send("GET", f"/{job}/checkpoints", what="list")["checkpoints"]
@@ -304,7 +305,8 @@ def test_a_second_process_reconnects_by_integer_ids(alice, platform, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == step_before + 1
-    assert alice.step()["global_step"] == step_before + 2
+    # nothing accumulated here since: the step applies nothing, the jobs outlived the client
+    assert alice.step()["global_step"] == step_before + 1
     assert len(alice.get_server_state()["jobs"]) == 1  # reconnecting created nothing
 
 

@@ -141,7 +141,9 @@ def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
     client, _ = loop
     path = client.save_checkpoint()
     assert os.path.isdir(path)
-    step_before = client.step()["global_step"]
+    idle = client.step()  # nothing accumulated since the last step: nothing changes
+    assert idle["applied"] is False
+    step_before = idle["global_step"]
     config_file = tmp_path / "reconnect.json"
     config_file.write_text(client.reconnect_config().model_dump_json())
     program = textwrap.dedent(
@@ -151,11 +153,13 @@ def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
         from arctic_platform.rl.config import ArcticRLClientConfig
         cfg = ArcticRLClientConfig.model_validate_json(open({str(config_file)!r}).read())
         c = ArcticRLClient(cfg, progress=False)
+        idle = c.step()  # a reconnected process steps before any fwd_bwd (issue 17)
         m = c.fwd_bwd({{"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}},
                       loss_fn="importance_sampling")
         s = c.step()
         c.close()
-        print(json.dumps({{"step": s["global_step"], "loss": m["loss"]}}))
+        print(json.dumps({{"idle": [idle["applied"], idle["global_step"]],
+                          "step": s["global_step"], "applied": s["applied"], "loss": m["loss"]}}))
         """
     )
     out = subprocess.run(
@@ -167,8 +171,9 @@ def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["step"] == step_before + 1
-    assert client.step()["global_step"] == step_before + 2  # the jobs outlived the other client
+    assert result["idle"] == [False, step_before]
+    assert result["step"] == step_before + 1 and result["applied"] is True
+    assert client.step()["global_step"] == step_before + 1  # the jobs outlived the other client
 
 
 def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(loop):
