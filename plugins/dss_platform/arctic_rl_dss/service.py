@@ -269,6 +269,11 @@ class PlatformService:
     def _engine_config(self, sub: SubJobConfig) -> dict[str, Any]:
         core = WIRE_TO_CORE[sub.job_type]
         config = {k: v for k, v in sub.arctic_rl_config.items() if k not in _JOB_ID_FIELDS}
+        if config.get("checkpoint_path"):  # a server path of the user's choosing: not here
+            raise InvalidRequestError(
+                "arctic_rl_config.checkpoint_path is not accepted by the platform: it keeps each "
+                "job's checkpoints under its own root (save and load them by checkpoint_id)"
+            )
         config["model_name"] = sub.model_name
         for job_type in ("training", "sampling", "log_prob"):
             config.setdefault(f"{job_type}_gpus", 0)

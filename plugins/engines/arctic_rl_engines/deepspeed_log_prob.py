@@ -40,12 +40,7 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         self._device = ds_env.device()
         self.setup = forward_setup(config.log_prob_ds_config, on_cpu=ds_env.on_cpu())
         transformers.set_seed(config.seed)
-        source = config.model_name
-        if config.checkpoint_path and ds_checkpoint.is_checkpoint(config.checkpoint_path):
-            found = ds_checkpoint.find_checkpoint(config.checkpoint_path)
-            source = str(ds_checkpoint.hf_dir(found))
-        elif config.checkpoint_path:
-            source = config.checkpoint_path
+        _, source = ds_checkpoint.start_point(config.checkpoint_path, config.model_name)
         self._model = ds_model.ForwardModel(
             source,
             ds_config=self.setup.ds_config,

@@ -70,14 +70,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         else:
             transformers.set_seed(config.seed)
 
-        resume: Path | None = None
-        source = config.model_name
-        if config.checkpoint_path:
-            if ds_checkpoint.is_checkpoint(config.checkpoint_path):
-                resume = ds_checkpoint.find_checkpoint(config.checkpoint_path)
-                source = str(ds_checkpoint.hf_dir(resume))
-            else:
-                source = config.checkpoint_path  # Hugging Face weights to start from
+        # checkpoint_path is the run's checkpoint root: resume its newest checkpoint, else
+        # start from Hugging Face weights there, else (empty or missing) from model_name
+        resume, source = ds_checkpoint.start_point(config.checkpoint_path, config.model_name)
         # The reference model is the run's initial weights, kept across resumes.
         self._reference_source = source
         if resume is not None:

@@ -18,7 +18,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import CheckpointError, CheckpointNotFoundError
+from arctic_platform.rl.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    EngineConfigError,
+)
 from arctic_rl_engines.ds_model import CHECKPOINT_MARKER, HF_EXPORT_DIR
 
 DEEPSPEED_TAG = "deepspeed"
@@ -140,6 +144,29 @@ def is_checkpoint(path: str | Path) -> bool:
     except CheckpointError:
         return False
     return True
+
+
+def start_point(checkpoint_path: str | None, model_name: str) -> tuple[Path | None, str]:
+    """Where a run starts: ``(checkpoint to resume or None, Hugging Face weights to load)``.
+
+    ``checkpoint_path`` is the run's checkpoint root: holding a checkpoint, the newest one is
+    resumed; a Hugging Face model directory gives the start weights; empty or missing, the
+    run starts from ``model_name`` (and saves there). A file is an ``EngineConfigError``.
+    """
+    if not checkpoint_path:
+        return None, model_name
+    root = Path(checkpoint_path).expanduser()
+    if root.exists() and not root.is_dir():
+        raise EngineConfigError(
+            f"checkpoint_path={checkpoint_path!r} is a file; it must be a directory: the run's "
+            "checkpoint root (missing or empty: the run starts from model_name and saves there)"
+        )
+    if is_checkpoint(root):
+        resume = find_checkpoint(root)
+        return resume, str(hf_dir(resume))
+    if (root / "config.json").is_file():
+        return None, str(root)
+    return None, model_name
 
 
 def hf_dir(checkpoint: Path) -> Path:

@@ -619,7 +619,8 @@ class JobManager:
             if done is None:
                 return
             job.worker_pids = [int(info["pid"]) for info in done]
-            if job.job_type == "training" and job.launch_overrides.get("checkpoint_path"):
+            started_from = {**job.config, **job.launch_overrides}.get("checkpoint_path")
+            if job.job_type == "training" and started_from:  # a resume: at its saved step
                 step = ray.get(workers[0].global_step.remote(), timeout=self.op_timeout)
                 job.global_step = int(step)
             job.set_state(JobState.RUNNING)

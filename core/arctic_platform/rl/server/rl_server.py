@@ -8,6 +8,7 @@ plain data (dicts, lists, numbers).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
@@ -42,6 +43,29 @@ def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def _check_checkpoint_path(config: dict[str, Any]) -> None:
+    """Make ``checkpoint_path`` absolute; 422 naming it when it is a file or cannot be written
+    (a missing one is fine when its nearest existing parent is a writable directory)."""
+    value = config.get("checkpoint_path")
+    if not value or not isinstance(value, str):
+        return
+    path = Path(value).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise InvalidRequestError(
+            f"checkpoint_path={value!r} is a file; it must be a directory: the run's checkpoint "
+            "root (missing or empty: training starts from model_name and saves there)"
+        )
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise InvalidRequestError(
+            f"checkpoint_path={value!r} cannot be written ({existing} is not a writable "
+            "directory); give a directory the server can create and write"
+        )
+    config["checkpoint_path"] = str(path)  # the workers' working directory is not ours
 
 
 def _record_checkpoint(job: Job, step: int, path: str) -> bool:
@@ -204,6 +228,7 @@ class RLServer:
             ignored = sorted(set(extra) - known)
             if ignored:
                 logger.debug("training_config: ignoring extra fields %s", ignored)
+        _check_checkpoint_path(request.config)
         job = self.jobs.create(request.job_type, request.config)
         return {"job_id": job.job_id, "state": job.state.value}
 
@@ -346,8 +371,15 @@ class RLServer:
             return result
 
     def checkpoint_root(self, job: Job) -> Path:
-        """Where a training job's checkpoints live; request paths are confined to it."""
-        root = self.run_dir / "checkpoints" / f"job_{job.job_id}"
+        """Where a training job's checkpoints live; request paths are confined to it.
+
+        The config's ``checkpoint_path`` (the run's checkpoint root), else the run dir's
+        ``checkpoints/job_<id>``."""
+        given = job.config.get("checkpoint_path")
+        if given:
+            root = Path(str(given)).expanduser().resolve()
+        else:
+            root = self.run_dir / "checkpoints" / f"job_{job.job_id}"
         root.mkdir(parents=True, exist_ok=True)
         return root
 
@@ -400,6 +432,8 @@ class RLServer:
                 target = Path(known)
             elif job.latest_checkpoint is not None:
                 target = Path(job.latest_checkpoint)
+            elif job.config.get("checkpoint_path"):  # resumed from it: the engine finds the newest
+                target = self.checkpoint_root(job)
             else:
                 raise InvalidRequestError(f"job {job.job_id} has no checkpoint yet")
             steps = self._all_ranks(job, "load_checkpoint", str(target))
