@@ -1,4 +1,4 @@
-"""The demo's reward is exact and its advantages are group-normalised."""
+"""The demo's task is exact match on reversed digits, with a fixed held-out set never trained on."""
 
 from __future__ import annotations
 
@@ -6,30 +6,52 @@ import random
 
 import pytest
 
-from arctic_platform.rl.demo_task import DigitSumTask, group_advantages
+from arctic_platform.rl.demo_task import ReverseDigitsTask, group_advantages
 
 
-def test_exact_answer_gets_full_reward():
-    assert DigitSumTask.reward("355", 13) == pytest.approx(1.0)
+def test_the_answer_is_the_digits_reversed():
+    assert ReverseDigitsTask.answer("3814") == "4183"
+    assert ReverseDigitsTask.prompt("3814") == "reverse 3814:"
 
 
-def test_no_digits_gets_zero():
-    assert DigitSumTask.reward("abc", 5) == 0.0
-    assert DigitSumTask.reward("", 5) == 0.0
+def test_only_the_exact_answer_is_rewarded():
+    assert ReverseDigitsTask.reward(" 4183", "4183") == 1.0
+    assert ReverseDigitsTask.reward("4183 ", "4183") == 1.0
+    assert ReverseDigitsTask.reward(" 4138", "4183") == 0.0
+    assert ReverseDigitsTask.reward(" 41835", "4183") == 0.0
+    assert ReverseDigitsTask.reward("", "4183") == 0.0
 
 
-def test_partial_credit_for_format_and_closeness():
-    # digits 2+2=4 for target 8: closeness 0.5; one of three chars is not a digit: format 2/3
-    assert DigitSumTask.reward("2x2", 8) == pytest.approx(0.3 * 2 / 3 + 0.7 * 0.5)
+def test_the_demonstration_is_the_answer_after_a_space():
+    assert ReverseDigitsTask.demonstration("4183") == " 4183"
 
 
-def test_far_sums_get_no_closeness():
-    assert DigitSumTask.reward("99999", 3) == pytest.approx(0.3)
+def test_heldout_set_is_fixed_distinct_and_sized():
+    task = ReverseDigitsTask(digits=4, heldout_size=64)
+    again = ReverseDigitsTask(digits=4, heldout_size=64)
+    assert task.heldout == again.heldout
+    assert len({p for p, _ in task.heldout}) == 64
+    for prompt, answer in task.heldout:
+        digits = prompt.removeprefix("reverse ").removesuffix(":")
+        assert len(digits) == 4 and answer == digits[::-1]
 
 
-def test_prompts_name_their_target():
-    pairs = DigitSumTask(low=4, high=4).prompts(3, random.Random(0))
-    assert pairs == [("digits summing to 4:", 4)] * 3
+def test_training_prompts_never_include_a_heldout_prompt():
+    task = ReverseDigitsTask(digits=2, heldout_size=25)  # a quarter of all 100 prompts
+    heldout = {p for p, _ in task.heldout}
+    drawn = task.prompts(2000, random.Random(0))
+    assert not heldout & {p for p, _ in drawn}
+    assert len({p for p, _ in drawn}) == 100 - 25
+
+
+def test_training_prompts_follow_the_rng():
+    task = ReverseDigitsTask()
+    assert task.prompts(5, random.Random(3)) == task.prompts(5, random.Random(3))
+
+
+def test_a_heldout_set_larger_than_a_quarter_of_all_prompts_is_refused():
+    with pytest.raises(ValueError, match="heldout_size"):
+        ReverseDigitsTask(digits=2, heldout_size=26)
 
 
 def test_group_advantages_are_normalised_per_group():

@@ -82,6 +82,7 @@ _SERVE_DEFAULTS = {
     "transport": "http",
     "num_gpus": 1,
     "op_timeout": 900.0,
+    "sync_timeout": 120.0,
 }
 
 
@@ -159,6 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
                 ray_auto_attach=not args.no_ray_auto_attach,
                 ray_address=args.ray_address,
                 op_timeout=args.op_timeout,
+                sync_timeout=args.sync_timeout,
                 resume=args.resume is not None,
                 settings=settings,
             )
@@ -174,6 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
         ray_auto_attach=not args.no_ray_auto_attach,
         ray_address=args.ray_address,
         op_timeout=args.op_timeout,
+        sync_timeout=args.sync_timeout,
         resume=args.resume is not None,
         settings=settings,
     )
@@ -232,22 +235,30 @@ def _demo(args: argparse.Namespace) -> int:
 
     settings = DemoSettings(
         steps=args.steps,
+        sft_steps=args.sft_steps,
+        eval_every=args.eval_every,
+        async_mode=args.async_mode,
+        max_staleness=args.max_staleness,
+        prompts_per_step=args.prompts_per_step,
+        samples_per_prompt=args.samples_per_prompt,
         model_size=args.model_size,
         transport=args.transport,
         colocate=args.colocate,
         seed=args.seed,
         quiet=args.quiet,
         learning_rate=args.lr,
+        sft_learning_rate=args.sft_lr,
         kl_coef=args.kl_coef,
     )
     if args.output_dir:
         settings.output_dir = Path(args.output_dir)
     summary = run_demo(settings)
-    gain = summary["last5_reward"] - summary["first5_reward"]
     print(
-        f"mean reward: first 5 steps {summary['first5_reward']:.3f}, last 5 steps "
-        f"{summary['last5_reward']:.3f} (gain {gain:+.3f}); plot: "
-        f"{settings.output_dir / 'reward.png'}"
+        f"held-out exact match ({summary['heldout_size']} prompts, greedy): after SFT "
+        f"{summary['heldout_exact_after_sft']:.3f}, final {summary['heldout_exact_final']:.3f} "
+        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['mode']}, "
+        f"{summary['rl_steps_per_second']:.2f} RL steps/s, {summary['total_seconds'] / 60:.1f} "
+        f"min; plot: {settings.output_dir / 'reward.png'}"
     )
     return 0
 
@@ -296,12 +307,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--num-gpus", type=int, help="logical GPUs for a fresh Ray cluster in CPU mode (default 1)"
     )
-    serve.add_argument("--ray-address", help="attach to the Ray cluster at this address")
+    serve.add_argument(
+        "--ray-address",
+        help="attach to the Ray cluster at this address (host:port of its head) and run the "
+        "jobs on its nodes; RAY_ADDRESS does the same unless --no-ray-auto-attach",
+    )
     serve.add_argument(
         "--no-ray-auto-attach", action="store_true", help="always start a fresh Ray cluster"
     )
     serve.add_argument(
         "--op-timeout", type=float, help="seconds before an engine call times out (default 900)"
+    )
+    serve.add_argument(
+        "--sync-timeout",
+        type=float,
+        help="seconds a weight sync waits for a peer or a bucket (default 120)",
     )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(handler=_serve)
@@ -325,14 +345,35 @@ def build_parser() -> argparse.ArgumentParser:
     pserve.add_argument("--log-level", default="info")
     pserve.set_defaults(handler=_platform_serve)
 
-    demo = sub.add_parser("demo", help="GRPO on a digit-sum task with a tiny model, on CPU")
-    demo.add_argument("--steps", type=int, default=60)
+    demo = sub.add_parser(
+        "demo", help="SFT warm start then GRPO on a digit-reversal task, tiny model, on CPU"
+    )
+    demo.add_argument("--steps", type=int, default=200, help="GRPO steps (default 200)")
+    demo.add_argument("--sft-steps", type=int, default=60, help="warm-start steps (default 60)")
+    demo.add_argument(
+        "--eval-every", type=int, default=20, help="held-out evaluation every N RL steps (0: end)"
+    )
+    demo.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="one-step off-policy: generate the next rollouts while a step trains",
+    )
+    demo.add_argument(
+        "--max-staleness",
+        type=int,
+        default=1,
+        help="with --async: rollouts at most this many weight versions old (default 1)",
+    )
+    demo.add_argument("--prompts-per-step", type=int, default=16)
+    demo.add_argument("--samples-per-prompt", type=int, default=16)
     demo.add_argument("--model-size", choices=["tiny", "small"], default="tiny")
     demo.add_argument("--transport", default="http")
     demo.add_argument("--colocate", action="store_true")
     demo.add_argument("--output-dir", help="run directory (default: runs/demo-<time>)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--lr", type=float, default=2e-3)
+    demo.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
+    demo.add_argument("--sft-lr", type=float, default=2e-3, help="warm-start learning rate")
     demo.add_argument("--kl-coef", type=float, default=0.0)
     demo.add_argument("--quiet", action="store_true")
     demo.set_defaults(handler=_demo)

@@ -1,40 +1,79 @@
-"""The demo's verifiable task: write digits whose sum equals a target; rewards are exact."""
+"""The demo's verifiable task: write a digit string backwards; the reward is exact match.
+
+``reverse 3814:`` asks for `` 4183``. The tokenizer splits digits one per token, so the model
+must learn to copy each digit from the mirrored position. A fixed held-out set of prompts
+(drawn from its own seed) is never used for demonstrations or rollouts.
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
-class DigitSumTask:
-    """Prompts ask for digits summing to a target in ``[low, high]``."""
+class ReverseDigitsTask:
+    """Prompts ``reverse <digits>:`` with ``digits`` characters; answers are the digits reversed."""
 
-    low: int = 3
-    high: int = 18
+    digits: int = 4
+    heldout_size: int = 128
+    heldout_seed: int = 12345
 
-    def prompts(self, count: int, rng: random.Random) -> list[tuple[str, int]]:
-        """``count`` (prompt, target) pairs."""
-        out = []
-        for _ in range(count):
-            target = rng.randint(self.low, self.high)
-            out.append((f"digits summing to {target}:", target))
+    def __post_init__(self) -> None:
+        if self.digits < 2:
+            raise ValueError(f"digits must be at least 2, got {self.digits}")
+        if not 0 < self.heldout_size <= 10**self.digits // 4:
+            raise ValueError(
+                f"heldout_size={self.heldout_size} must be in [1, {10**self.digits // 4}] "
+                f"for {self.digits}-digit prompts (at most a quarter of them)"
+            )
+
+    @staticmethod
+    def prompt(digits: str) -> str:
+        """The prompt text for a digit string."""
+        return f"reverse {digits}:"
+
+    @staticmethod
+    def answer(digits: str) -> str:
+        """The one exact answer (without the leading space the model writes)."""
+        return digits[::-1]
+
+    def _draw(self, rng: random.Random) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(self.digits))
+
+    @cached_property
+    def heldout(self) -> list[tuple[str, str]]:
+        """The fixed held-out ``(prompt, answer)`` pairs, distinct, in a stable order."""
+        rng = random.Random(self.heldout_seed)
+        seen: dict[str, str] = {}
+        while len(seen) < self.heldout_size:
+            digits = self._draw(rng)
+            seen.setdefault(digits, self.answer(digits))
+        return [(self.prompt(d), a) for d, a in seen.items()]
+
+    @cached_property
+    def _heldout_digits(self) -> frozenset[str]:
+        return frozenset(p.removeprefix("reverse ").removesuffix(":") for p, _ in self.heldout)
+
+    def prompts(self, count: int, rng: random.Random) -> list[tuple[str, str]]:
+        """``count`` training ``(prompt, answer)`` pairs; never a held-out prompt."""
+        out: list[tuple[str, str]] = []
+        while len(out) < count:
+            digits = self._draw(rng)
+            if digits not in self._heldout_digits:
+                out.append((self.prompt(digits), self.answer(digits)))
         return out
 
     @staticmethod
-    def reward(completion: str, target: int) -> float:
-        """Exact reward in [0, 1]: 0.3 for answering in digits only, 0.7 for how close the sum is.
+    def demonstration(answer: str) -> str:
+        """The completion a demonstration trains on (the model's end-of-text token follows)."""
+        return " " + answer
 
-        ``format`` is the share of non-space characters that are digits; ``closeness`` is
-        ``1 - |sum - target| / target`` (at least 0), and 0 when there are no digits.
-        """
-        chars = [c for c in completion if not c.isspace()]
-        digits = [int(c) for c in chars if c.isdigit()]
-        if not chars or not digits:
-            return 0.0
-        fmt = len(digits) / len(chars)
-        closeness = max(0.0, 1.0 - abs(sum(digits) - target) / target)
-        return 0.3 * fmt + 0.7 * closeness
+    @staticmethod
+    def reward(completion: str, answer: str) -> float:
+        """1.0 when the completion, stripped of surrounding spaces, is exactly the answer."""
+        return 1.0 if completion.strip() == answer else 0.0
 
 
 def group_advantages(rewards: list[float], group_size: int, eps: float = 1e-6) -> list[float]:

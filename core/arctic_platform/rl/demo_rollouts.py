@@ -1,0 +1,105 @@
+"""The demo's data, built on the client side: demonstrations, rollouts, GRPO batches, scores.
+
+Everything here is pure Python over what the public client returns, so the sync and the
+``--async`` loops share it and unit tests cover it without engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from arctic_platform.rl.demo_task import ReverseDigitsTask, group_advantages
+
+
+class Tokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the demo uses."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+def sft_batch(
+    task: ReverseDigitsTask, pairs: list[tuple[str, str]], tokenizer: Tokenizer
+) -> dict[str, Any]:
+    """A ``cross_entropy`` batch: prompt + demonstration + end-of-text, loss on the answer."""
+    eos = tokenizer.eos_token_id
+    rows, masks = [], []
+    for prompt, answer in pairs:
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        answer_ids = tokenizer.encode(task.demonstration(answer), add_special_tokens=False)
+        if eos is not None:
+            answer_ids = [*answer_ids, eos]
+        rows.append(prompt_ids + answer_ids)
+        masks.append([0] * len(prompt_ids) + [1] * len(answer_ids))
+    return {"input_ids": rows, "loss_mask": masks}
+
+
+@dataclass
+class Rollout:
+    """One step's samples: prompts, the sampler's outputs, and when they were made."""
+
+    index: int
+    pairs: list[tuple[str, str]]
+    outputs: list[dict[str, Any]]
+    seconds: float
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def completions(self) -> list[dict[str, Any]]:
+        """Every completion, prompt-major (``samples_per_prompt`` per prompt)."""
+        return [c for out in self.outputs for c in out["completions"]]
+
+    @property
+    def versions(self) -> tuple[int, int]:
+        """Oldest and newest weight version any of its tokens was sampled with."""
+        starts = [int(c.get("weight_version_start", 0)) for c in self.completions]
+        ends = [int(c.get("weight_version_end", 0)) for c in self.completions]
+        return min(starts), max(ends)
+
+    def score(self, task: ReverseDigitsTask) -> list[float]:
+        """Exact-match rewards, one per completion (also kept in ``rewards``)."""
+        self.rewards = [
+            task.reward(c["text"], answer)
+            for (_, answer), out in zip(self.pairs, self.outputs, strict=True)
+            for c in out["completions"]
+        ]
+        return self.rewards
+
+
+def grpo_batch(rollout: Rollout, samples_per_prompt: int) -> dict[str, Any]:
+    """The ``grpo`` batch of a scored rollout: group advantages, behaviour log-probs as old.
+
+    ``old_log_probs`` are the log-probs the sampler reported for the tokens it sampled, so
+    the loss's importance ratio is against the policy that actually produced them (the
+    current one in the sync loop, up to ``max_staleness`` versions older with ``--async``).
+    """
+    advantages = group_advantages(rollout.rewards, samples_per_prompt)
+    rows, masks, old = [], [], []
+    for out in rollout.outputs:
+        prompt = list(out["prompt_token_ids"])
+        for completion in out["completions"]:
+            tokens = list(completion["token_ids"])
+            logprobs = [float(x) for x in completion["logprobs"]]
+            if len(logprobs) != len(tokens):
+                raise ValueError(
+                    f"a completion has {len(tokens)} tokens but {len(logprobs)} log-probs"
+                )
+            rows.append(prompt + tokens)
+            masks.append([0] * len(prompt) + [1] * len(tokens))
+            old.append([0.0] * len(prompt) + logprobs)
+    return {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": old}
+
+
+def exact_fraction(
+    task: ReverseDigitsTask, outputs: list[dict[str, Any]], pairs: list[tuple[str, str]]
+) -> float:
+    """Share of prompts whose first completion is exactly the answer."""
+    if not pairs:
+        return 0.0
+    hits = sum(
+        task.reward(out["completions"][0]["text"], answer)
+        for out, (_, answer) in zip(outputs, pairs, strict=True)
+    )
+    return hits / len(pairs)
