@@ -51,6 +51,7 @@ def serve(
     ray_auto_attach: bool = True,
     ray_address: str | None = None,
     op_timeout: float = 900.0,
+    sync_timeout: float = 120.0,
     poll_interval: float = 0.5,
     resume: bool = False,
     settings: dict[str, Any] | None = None,
@@ -92,6 +93,7 @@ def serve(
                 {
                     "num_gpus": num_gpus,
                     "op_timeout": op_timeout,
+                    "sync_timeout": sync_timeout,
                     "monitor_interval": 5.0,
                     "resume": resume,
                     "settings": settings,

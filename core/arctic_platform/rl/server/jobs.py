@@ -131,6 +131,20 @@ def _lost_nodes(job: Job, dead: dict[str, dict[str, Any]]) -> str:
     return "; ".join(dict.fromkeys(lost))
 
 
+def _where(job: Job, workers: list[Any], exc: BaseException) -> str:
+    """`` on node ADDRESS`` for the worker a Ray actor error is about ('' if unknown)."""
+    actor_id = getattr(exc, "actor_id", None)
+    for index, worker in enumerate(workers):
+        try:
+            if actor_id is not None and worker._actor_id.hex() == actor_id:
+                return f" on node {job.node_of(index)}"
+        except AttributeError:
+            break
+    if len(job.nodes) == 1 or len({n.get("address") for n in job.nodes}) == 1:
+        return f" on node {job.node_of(0)}"
+    return f" (on nodes {job.node_names()})" if job.nodes else ""
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) < 20000 else text[:10000] + "\n...\n" + text[-10000:]
@@ -673,7 +687,8 @@ class JobManager:
                 f"{operation} on job {job.job_id} ({job.job_type}) did not finish within {limit}s"
             ) from None
         except RayActorError as exc:
-            reason = f"a worker of job {job.job_id} died during {operation}: {_reason(exc)}"
+            where = _where(job, workers, exc)
+            reason = f"a worker of job {job.job_id}{where} died during {operation}: {_reason(exc)}"
             self._worker_died(job, workers, reason)
             raise WorkerDiedError(reason) from None
         except RayTaskError as exc:
@@ -724,7 +739,8 @@ class JobManager:
             try:
                 ray.get([w.ping.remote() for w in workers], timeout=30)
             except RayActorError as exc:
-                reason = f"a worker of job {job.job_id} died: {_reason(exc)}"
+                where = _where(job, workers, exc)
+                reason = f"a worker of job {job.job_id}{where} died: {_reason(exc)}"
                 self._worker_died(job, workers, reason)
             except GetTimeoutError:
                 logger.warning("job %d: a worker did not answer a ping within 30 s", job.job_id)

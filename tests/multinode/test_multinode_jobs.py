@@ -1,0 +1,276 @@
+"""Jobs on a real multi-node Ray cluster: a head (no GPUs) and four one-GPU worker nodes, each
+in its own network namespace; the server in the head's namespace, clients in another.
+
+The server attaches to the cluster through ``RAY_ADDRESS`` (default ``ray_auto_attach``); the
+training world of two spans two nodes, sampling and log-prob run on the other two; weight sync
+crosses nodes. Then faults: a worker node cut off (link down) and one killed.
+Tests run in file order and share the cluster, the server and its jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_cluster import NetnsCluster
+
+HERE = Path(__file__).resolve().parent
+PORT = 7000
+SYNC_TIMEOUT = 30.0
+STATE: dict[str, Any] = {}  # what the earlier tests left for the later ones
+
+
+class Server:
+    """``arctic-rl serve`` in the head's namespace, and how clients reach it."""
+
+    def __init__(self, cluster: NetnsCluster, home: Path, run_dir: Path, token: str) -> None:
+        self.cluster, self.home, self.run_dir, self.token = cluster, home, run_dir, token
+        self.host = cluster.head.ip
+        self.log = run_dir / "server.out"
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def env(self) -> dict[str, str]:
+        return self.cluster.driver_env({"ARCTIC_RL_HOME": str(self.home)})
+
+    def start(self) -> None:
+        argv = [
+            self.cluster.python, "-m", "arctic_platform.rl.cli", "serve",
+            "--host", self.host, "--port", str(PORT), "--transport", "http",
+            "--token-file", str(self.run_dir / "token"), "--run-dir", str(self.run_dir),
+            "--sync-timeout", str(SYNC_TIMEOUT),
+        ]  # fmt: skip
+        with open(self.log, "ab") as out:
+            self.proc = self.cluster.run_in(
+                0, argv, self.env(), stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def ops(self, *ops: tuple[str, dict[str, Any] | None], timeout: float = 900) -> list[dict]:
+        """Run operations from the client namespace; their answers in order."""
+        spec = self.run_dir.parent / f"ops-{time.monotonic_ns()}.json"
+        spec.write_text(
+            json.dumps({"host": self.host, "port": PORT, "token": self.token, "ops": list(ops)})
+        )
+        done = self.cluster.exec_python(
+            self.cluster.client_hosts[0],
+            HERE / "client_ops.py",
+            [str(spec)],
+            env=self.env(),
+            timeout=timeout,
+        )
+        return _result(done)
+
+    def status(self) -> dict[str, Any]:
+        answer = self.ops(("status", None), timeout=120)[0]
+        assert answer["ok"], answer
+        return answer["result"]
+
+    def run_client(self, spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+        """``loop_client.py`` with ``spec`` in the client namespace; its RESULT."""
+        path = self.run_dir.parent / f"loop-{time.monotonic_ns()}.json"
+        path.write_text(json.dumps(spec))
+        done = self.cluster.exec_python(
+            self.cluster.client_hosts[0],
+            HERE / "loop_client.py",
+            [str(path)],
+            env=self.env(),
+            timeout=timeout,
+        )
+        return _result(done)
+
+
+def _result(done: subprocess.CompletedProcess[str]) -> Any:
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise AssertionError(
+        f"no RESULT (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(netns_cluster: NetnsCluster) -> Server:
+    """The server, attached to the namespace cluster and healthy."""
+    from arctic_platform.rl.run_dirs import write_private
+
+    home = netns_cluster.run_dir / "arctic-home"
+    run_dir = home / "servers" / f"http_{netns_cluster.head.ip}_{PORT}"  # the local backend's
+    run_dir.mkdir(parents=True)
+    token = os.urandom(24).hex()
+    write_private(run_dir / "token", token)
+    srv = Server(netns_cluster, home, run_dir, token)
+    srv.start()
+    deadline = time.monotonic() + 300
+    while True:
+        assert srv.proc is not None
+        if srv.proc.poll() is not None:
+            raise AssertionError(f"the server exited:\n{srv.log.read_text()[-4000:]}")
+        try:
+            if srv.ops(("health", None), timeout=60)[0]["ok"]:
+                return srv
+        except AssertionError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"server not healthy:\n{srv.log.read_text()[-4000:]}")
+        time.sleep(2)
+
+
+def _config(server: Server, model: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_name": model,
+        "host": server.host,
+        "port": PORT,
+        "training_gpus": 2,
+        "sampling_gpus": 1,
+        "log_prob_gpus": 1,
+        "ds_config": {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+        "server_logs": False,
+        "startup_timeout": 120,
+        "job_ready_timeout": 1500,
+        "training_config": {"optimizer": {"lr": 1e-3}},
+        **extra,
+    }
+
+
+def _jobs(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The newest job of each type."""
+    out: dict[str, dict[str, Any]] = {}
+    for job in status["jobs"]:
+        out[job["job_type"]] = job
+    return out
+
+
+def _wait_state(server: Server, job_id: int, states: set[str], limit: float) -> dict[str, Any]:
+    deadline = time.monotonic() + limit
+    while True:
+        job = next(j for j in server.status()["jobs"] if j["job_id"] == job_id)
+        if job["state"] in states:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job['state']} after {limit}s: {job}")
+        time.sleep(2)
+
+
+def test_the_server_attaches_to_the_cluster_and_reports_its_nodes(server, netns_cluster):
+    cluster = server.status()["cluster"]
+    assert cluster["mode"] == "cluster" and cluster["attached"] is True
+    assert cluster["address"] == netns_cluster.head_address
+    assert cluster["server_node"] == netns_cluster.head.ip
+    alive = {n["address"] for n in cluster["nodes"] if n["alive"]}
+    assert alive == set(netns_cluster.node_ips) - {h.ip for h in netns_cluster.client_hosts}
+    assert cluster["gpus"] == len(netns_cluster.worker_hosts)
+    assert "attached to the Ray cluster at" in server.log.read_text()
+
+
+def test_the_whole_loop_runs_across_nodes(server, netns_cluster, tiny_model_path):
+    result = server.run_client({"phase": "loop", "config": _config(server, tiny_model_path)})
+    STATE["loop"] = result
+    assert result["weight_version_after"] == result["weight_version_before"] + 1
+    assert result["sync"]["bytes"] > 0
+    assert result["gap_trainer_vs_sampler_step0"] <= 1e-3
+    assert result["gap_trainer_vs_logprob_step0"] <= 1e-3
+    assert result["gap_trainer_vs_logprob_after_sync"] <= 1e-3
+    norms = result["norms"]
+    assert norms["sampling"] == pytest.approx(norms["training"], rel=1e-5)
+    assert norms["log_prob"] == pytest.approx(norms["training"], rel=1e-5)
+    assert result["global_step"] == 1
+
+
+def test_jobs_are_placed_on_the_nodes_the_status_names_and_ray_agrees(server, netns_cluster):
+    jobs = _jobs(STATE["loop"]["status"])
+    nodes = {t: [n["address"] for n in j["worker_nodes"]] for t, j in jobs.items()}
+    workers = {h.ip for h in netns_cluster.worker_hosts}
+    assert len(nodes["training"]) == 2 and len(set(nodes["training"])) == 2  # one world, 2 nodes
+    used = nodes["training"] + nodes["sampling"] + nodes["log_prob"]
+    assert len(used) == len(set(used)) == 4 and set(used) == workers  # head has no GPU
+    # the Ray actor table (read from the GCS by a driver in the head's namespace)
+    code = (
+        "import json, ray\n"
+        f"ray.init(address={netns_cluster.head_address!r}, log_to_driver=False)\n"
+        "rows = [(a['ActorClassName'], a['Address']['IPAddress'], a['State'])"
+        " for a in ray._private.state.actors().values()]\n"
+        "print('RESULT ' + json.dumps(rows))\n"
+    )
+    done = netns_cluster.exec_python(0, code, env=server.env(), timeout=300)
+    rows = _result(done)
+    alive = sorted(ip for cls, ip, state in rows if cls == "EngineWorker" and state == "ALIVE")
+    assert alive == sorted(used)
+
+
+def test_a_client_in_another_namespace_reconnects_and_continues(server):
+    config = STATE["loop"]["reconnect"]
+    result = server.run_client({"phase": "reconnect", "config": config})
+    assert result["idle_applied"] is False and result["idle_step"] == 1
+    assert result["step"] == 2
+    assert result["loaded"] == 1  # the checkpoint saved at step 1
+
+
+def test_a_cut_link_fails_the_jobs_there_and_the_rest_keep_serving(server, netns_cluster):
+    jobs = _jobs(server.status())
+    log_prob = jobs["log_prob"]
+    node = log_prob["worker_nodes"][0]["address"]
+    netns_cluster.link_down(node)
+    try:
+        # a sync whose receiver is cut off fails within its timeout
+        sync = server.ops(
+            (
+                "sync_weights",
+                {
+                    "training_job_id": jobs["training"]["job_id"],
+                    "sampling_job_ids": [],
+                    "log_prob_job_ids": [log_prob["job_id"]],
+                },
+            ),
+            timeout=600,
+        )[0]
+        assert not sync["ok"] and (sync["status"] or 0) >= 409, sync
+        failed = _wait_state(server, log_prob["job_id"], {"failed"}, limit=300)
+        assert node in failed["reason"], failed
+        after = server.ops(
+            ("log_probs", {"job_id": log_prob["job_id"], "prompts": [[1]], "completions": [[3]]}),
+            ("generate", {"job_id": jobs["sampling"]["job_id"], "prompts": ["12 + 30 ="],
+                          "sampling_params": {"max_tokens": 4, "temperature": 0.0}}),
+            ("weight_norm", {"job_ids": [jobs["training"]["job_id"], jobs["sampling"]["job_id"]]}),
+            ("health", None),
+        )  # fmt: skip
+        assert after[0]["status"] == 409 and after[0]["seconds"] < 30, after[0]
+        assert all(a["ok"] for a in after[1:]), after
+    finally:
+        netns_cluster.link_up(node)
+    STATE["cut_node"] = node
+
+
+def test_a_killed_node_fails_its_job_and_a_restart_places_it_on_remaining_capacity(
+    server, netns_cluster
+):
+    jobs = _jobs(server.status())
+    sampling = jobs["sampling"]
+    node = sampling["worker_nodes"][0]["address"]
+    assert netns_cluster.kill_node(node)
+    failed = _wait_state(server, sampling["job_id"], {"failed"}, limit=300)
+    assert node in failed["reason"], failed
+    answers = server.ops(
+        ("generate", {"job_id": sampling["job_id"], "prompts": ["1"], "sampling_params": {}}),
+        ("weight_norm", {"job_ids": [jobs["training"]["job_id"]]}),
+    )
+    assert answers[0]["status"] == 409 and answers[0]["seconds"] < 30, answers[0]
+    assert answers[1]["ok"], answers[1]
+    # no free GPU is left (one node cut off, one killed, two train): the restart waits
+    restarted = server.ops(("restart_job", {"job_id": sampling["job_id"]}))[0]
+    assert restarted["ok"], restarted
+    waiting = _wait_state(server, sampling["job_id"], {"placing"}, limit=120)
+    assert waiting["state"] == "placing"
+    # freeing the trainer's two GPUs lets it be placed there
+    assert server.ops(("destroy", {"job_id": jobs["training"]["job_id"]}))[0]["ok"]
+    running = _wait_state(server, sampling["job_id"], {"running", "failed"}, limit=900)
+    assert running["state"] == "running", running
+    assert running["worker_nodes"][0]["address"] != node
+    out = server.ops(
+        ("generate", {"job_id": sampling["job_id"], "prompts": ["12 + 30 ="],
+                      "sampling_params": {"max_tokens": 4, "temperature": 0.0}}),
+    )[0]  # fmt: skip
+    assert out["ok"], out
