@@ -219,7 +219,8 @@ class ArcticRLClient:
         weight_decay: float | None = None,
         grad_clip_norm: float | None = None,
     ) -> dict[str, Any]:
-        """One optimizer step: ``global_step``, ``lr``, ``grad_norm``.
+        """One optimizer step: ``global_step``, ``lr``, ``grad_norm``, ``applied`` (False: no
+        gradient was accumulated since the last step or load, and nothing changed).
 
         AdamW's ``beta1``, ``beta2``, ``eps``, ``weight_decay`` and ``grad_clip_norm`` (0: no
         clipping), when given, hold from this step on. Repeating it with the same

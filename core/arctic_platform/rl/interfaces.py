@@ -73,7 +73,10 @@ class TrainingEngine(Engine):
 
     @abstractmethod
     def step(self, learning_rate: float | None = None) -> dict[str, Any]:
-        """Apply the optimizer; returns ``global_step``, ``lr``, ``grad_norm``."""
+        """Apply the optimizer; returns ``global_step``, ``lr``, ``grad_norm``, ``applied``.
+
+        With nothing accumulated since the last step or load: change nothing, ``applied=False``.
+        """
 
     @abstractmethod
     def save_checkpoint(self, directory: str, tag: str | None = None) -> str:
