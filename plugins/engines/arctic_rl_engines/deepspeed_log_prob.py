@@ -73,8 +73,10 @@ class DeepSpeedLogProbEngine(LogProbEngine):
             raise BatchError(
                 f"{len(prompts)} prompts but {len(completions)} completions; give one each"
             )
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise InvalidRequestError(f"top_k={top_k!r} must be an integer >= 0")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self._vocab:
+            raise InvalidRequestError(
+                f"top_k={top_k!r} must be an integer in [0, {self._vocab}] (the vocabulary size)"
+            )
         if not prompts:
             return []
         for i, p in enumerate(prompts):

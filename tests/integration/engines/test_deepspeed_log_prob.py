@@ -166,6 +166,8 @@ def test_bad_requests_are_refused(engine: Any, tiny_model_path: str) -> None:
         engine.log_probs([[1]], [[10**6]])
     with pytest.raises(InvalidRequestError, match="top_k"):
         engine.log_probs([[1]], [[2]], top_k=-1)
+    with pytest.raises(InvalidRequestError, match="vocabulary size"):  # not torch's topk error
+        engine.log_probs([[1]], [[2]], top_k=10**6)
     with pytest.raises(InvalidRequestError, match="reference"):
         engine.fwd_no_grad({"input_ids": [[1, 2]]}, reference_model=True)
     with pytest.raises(EngineError, match="not a parameter"):
