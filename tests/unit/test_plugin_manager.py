@@ -46,7 +46,7 @@ def test_builtin_plugins_are_found_through_entry_points(monkeypatch):
     monkeypatch.delenv(DENY_ENV, raising=False)
     reg = fresh_registry()
     assert reg.names("backend") == ["dss-platform", "local"]
-    assert reg.names("transport") == ["http", "ray"]
+    assert reg.names("transport") == ["http", "ray", "tinker"]
     assert reg.names("engine", role="training") == ["deepspeed"]
     assert reg.names("engine", role="sampling") == ["vllm"]
     assert reg.names("engine", role="log_prob") == ["deepspeed", "vllm"]

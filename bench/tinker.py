@@ -1,0 +1,272 @@
+"""One cookbook-style RL step through the Tinker front-end vs the same work via ArcticRLClient.
+
+A step: sample (``prompts`` x ``group`` completions) → forward_backward with Tinker's
+``importance_sampling`` (per-token log-probs back) → optim_step (AdamParams) →
+save_weights_for_sampler (a weight sync) and a sampler on it. The Tinker side is the real
+``tinker`` SDK against ``arctic-rl serve --transport tinker``; the other side is
+``ArcticRLClient`` over http with the same loss plugin (``tinker.importance_sampling``), the
+same batch and the same AdamW settings. Both servers stay up; steps alternate; medians are
+compared (goal: ratio <= 1.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TOKEN = "tml-bench-key"
+ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
+
+
+def _start_tinker_server(model: str, home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import httpx
+
+    from arctic_platform.rl.server.jobs import free_port
+
+    port = free_port()
+    (home / "token").write_text(TOKEN)
+    log = (home / "server.log").open("ab")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "arctic_platform.rl.cli",
+            "serve",
+            "--transport",
+            "tinker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--token-file",
+            str(home / "token"),
+            "--run-dir",
+            str(home / "run"),
+            "--num-gpus",
+            "1",
+            "--no-ray-auto-attach",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "ARCTIC_RL_HOME": str(home)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the tinker server exited; see {home / 'server.log'}")
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the tinker server did not come up in 600 s")
+
+
+def _rows(prompt: list[int], tokens: list[int], logprobs: list[float], adv: float) -> dict:
+    """One sampled completion as a Tinker-style datum's parts (shifted inputs and targets)."""
+    full = prompt + tokens
+    n = len(full) - 1
+    return {
+        "input": full[:-1],
+        "target": full[1:],
+        "logprobs": [0.0] * (len(prompt) - 1) + list(logprobs),
+        "advantages": [0.0] * (len(prompt) - 1) + [adv] * len(tokens),
+        "n": n,
+    }
+
+
+def _advantages(groups: list[list[list[int]]]) -> list[list[float]]:
+    """Group-centred rewards (reward: share of digit tokens, any fixed function will do)."""
+    out = []
+    for group in groups:
+        rewards = [sum(1 for t in c if 10 <= t < 20) / max(len(c), 1) for c in group]
+        mean = sum(rewards) / len(rewards)
+        out.append([r - mean for r in rewards])
+    return out
+
+
+def _tinker_step(training: Any, sampler: Any, prompts: list[list[int]], params: Any) -> Any:
+    import tinker
+
+    futures = [
+        sampler.sample(tinker.ModelInput.from_ints(p), params["group"], params["sp"])
+        for p in prompts
+    ]
+    results = [f.result() for f in futures]
+    groups = [[list(s.tokens) for s in r.sequences] for r in results]
+    advs = _advantages(groups)
+    data = []
+    for prompt, result, adv in zip(prompts, results, advs, strict=True):
+        for seq, a in zip(result.sequences, adv, strict=True):
+            r = _rows(prompt, list(seq.tokens), list(seq.logprobs), a)
+            data.append(
+                tinker.Datum(
+                    model_input=tinker.ModelInput.from_ints(r["input"]),
+                    loss_fn_inputs={
+                        "target_tokens": tinker.TensorData(
+                            data=r["target"], dtype="int64", shape=[r["n"]]
+                        ),
+                        "logprobs": tinker.TensorData(
+                            data=r["logprobs"], dtype="float32", shape=[r["n"]]
+                        ),
+                        "advantages": tinker.TensorData(
+                            data=r["advantages"], dtype="float32", shape=[r["n"]]
+                        ),
+                    },
+                )
+            )
+    fwd = training.forward_backward(data, "importance_sampling")
+    opt = training.optim_step(tinker.AdamParams(**ADAM))
+    fwd.result()
+    opt.result()
+    return training.save_weights_and_get_sampling_client().result()
+
+
+def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> None:
+    outputs = client.generate(
+        prompts,
+        {
+            "n": params["group"],
+            "max_tokens": params["max_tokens"],
+            "temperature": 1.0,
+        },
+    )["outputs"]
+    groups = [[c["token_ids"] for c in out["completions"]] for out in outputs]
+    advs = _advantages(groups)
+    batch: dict[str, list[list[Any]]] = {
+        "input_ids": [],
+        "target_tokens": [],
+        "old_log_probs": [],
+        "advantages": [],
+        "loss_mask": [],
+    }
+    for prompt, out, adv in zip(prompts, outputs, advs, strict=True):
+        for c, a in zip(out["completions"], adv, strict=True):
+            r = _rows(prompt, c["token_ids"], c["logprobs"], a)
+            batch["input_ids"].append([*r["input"], r["target"][-1]])
+            batch["target_tokens"].append([0, *r["target"]])
+            batch["old_log_probs"].append([0.0, *r["logprobs"]])
+            batch["advantages"].append([0.0, *r["advantages"]])
+            batch["loss_mask"].append([0.0] + [1.0] * r["n"])
+    client.fwd_bwd(batch, "tinker.importance_sampling", return_log_probs=True)
+    client.step(
+        ADAM["learning_rate"],
+        beta1=ADAM["beta1"],
+        beta2=ADAM["beta2"],
+        eps=ADAM["eps"],
+        weight_decay=ADAM["weight_decay"],
+        grad_clip_norm=0.0,
+    )
+    client.sync_weights()
+
+
+def _paired(a: Callable[[], Any], b: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    a()
+    b()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in zip((a, b), times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 3) -> dict:
+    """Median seconds of one step through each front-end, and their ratio."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import tinker
+
+    from arctic_platform.rl.client import ArcticRLClient
+    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.server.jobs import free_port
+    from arctic_platform.rl.testing import build_tiny_model
+
+    root = Path(tempfile.mkdtemp(prefix="arctic-bench-tinker-"))
+    model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    words = ["12 + 30 =", "digits summing to 7:", "write a number", "7 + 5 ="]
+    batch_prompts = [
+        tok.encode(words[i % len(words)] + " " * (i // len(words))) for i in range(prompts)
+    ]
+    params = {
+        "group": group,
+        "max_tokens": max_tokens,
+        "sp": tinker.SamplingParams(max_tokens=max_tokens, temperature=1.0),
+    }
+    (root / "tinker").mkdir()
+    server, url = _start_tinker_server(model, root / "tinker")
+    os.environ["ARCTIC_RL_HOME"] = str(root / "arctic")
+    client = None
+    try:
+        service = tinker.ServiceClient(base_url=url, api_key=TOKEN)
+        training = service.create_lora_training_client(base_model=model, rank=8).result()
+        state = {"sampler": training.save_weights_and_get_sampling_client().result()}
+
+        def tinker_step() -> None:
+            state["sampler"] = _tinker_step(training, state["sampler"], batch_prompts, params)
+
+        config = ArcticRLClientConfig(
+            model_name=model,
+            training_gpus=1,
+            sampling_gpus=1,
+            colocate=True,
+            host="127.0.0.1",
+            port=free_port(),
+            ray_auto_attach=False,
+            server_logs=False,
+        )
+        client = ArcticRLClient(config, progress=False)
+        client.sync_weights()
+        via_tinker, via_client = _paired(
+            tinker_step, lambda: _arctic_step(client, batch_prompts, params), repeats
+        )
+    finally:
+        if client is not None:
+            client.shutdown()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {
+        "workload": {"prompts": prompts, "group": group, "max_tokens": max_tokens},
+        "method": "tinker SDK step and ArcticRLClient step alternate, both servers up (medians)",
+        "seconds": {"tinker": via_tinker, "arctic_rl_client": via_client},
+        "ratio": via_tinker / via_client,
+        "goal": 1.10,
+    }
+
+
+def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Markdown-table rows: (benchmark, measured, ratio)."""
+    w, s = report["workload"], report["seconds"]
+    return [
+        (
+            f"cookbook-style RL step via the tinker SDK vs ArcticRLClient "
+            f"({w['prompts']}x{w['group']} samples, {w['max_tokens']} tokens)",
+            f"{s['tinker'] * 1000:.0f} ms vs {s['arctic_rl_client'] * 1000:.0f} ms",
+            f"{report['ratio']:.3f}",
+        )
+    ]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(json.dumps(run(repeats=args.repeats), indent=2))

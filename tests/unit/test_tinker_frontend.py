@@ -1,0 +1,174 @@
+"""The tinker transport's pieces without a server: losses, protobuf mapping, seq_id lanes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from arctic_platform.rl.errors import LossConfigError
+from arctic_platform.rl.plugins import get_registry
+from arctic_rl_tinker import convert
+from arctic_rl_tinker.futures import Lane
+from arctic_rl_tinker.losses import TINKER_LOSSES
+
+tinker = pytest.importorskip("tinker")
+
+LP = torch.tensor([[0.0, -1.0, -2.0, -0.5]], requires_grad=True)
+OLD = torch.tensor([[0.0, -1.2, -1.5, -0.5]])
+ADV = torch.tensor([[0.0, 1.0, -2.0, 0.5]])
+MASK = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+
+
+def _batch() -> dict:
+    return {"loss_mask": MASK, "old_log_probs": OLD, "advantages": ADV}
+
+
+def _loss(name: str, **config: float):
+    fn = get_registry().get("loss", f"tinker.{name}").create()
+    return fn(LP, _batch(), **fn.configure(config))
+
+
+def test_every_tinker_loss_is_a_registered_loss_plugin():
+    names = set(get_registry().names("loss"))
+    assert {f"tinker.{n}" for n in TINKER_LOSSES} <= names
+
+
+def test_cross_entropy_is_the_weighted_sum_of_negative_log_probs():
+    out = _loss("cross_entropy")
+    assert out.loss.item() == pytest.approx(3.5)
+
+
+def test_importance_sampling_is_minus_the_sum_of_ratio_times_advantage():
+    r = torch.exp(LP.detach() - OLD)[0, 1:]
+    expected = -(r * ADV[0, 1:]).sum().item()
+    assert _loss("importance_sampling").loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_ppo_clips_the_ratio_with_the_configured_thresholds():
+    r = torch.exp(LP.detach() - OLD)[0, 1:]
+    a = ADV[0, 1:]
+    clipped = r.clamp(0.9, 1.1)
+    expected = -torch.minimum(r * a, clipped * a).sum().item()
+    out = _loss("ppo", clip_low_threshold=0.9, clip_high_threshold=1.1)
+    assert out.loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_cispo_gradient_flows_through_log_probs_only():
+    LP.grad = None
+    out = _loss("cispo")
+    out.loss.backward()
+    r = torch.exp(LP.detach() - OLD).clamp(0.8, 1.2)
+    expected = (-r * ADV * MASK)[0]
+    assert torch.allclose(LP.grad[0], expected)
+
+
+def test_dro_is_the_quadratic_penalty_objective():
+    d = (LP.detach() - OLD)[0, 1:]
+    expected = -(LP.detach()[0, 1:] * ADV[0, 1:] - 0.5 * 0.1 * d * d).sum().item()
+    assert _loss("dro", beta=0.1).loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_unknown_loss_fn_config_key_is_refused():
+    fn = get_registry().get("loss", "tinker.ppo").create()
+    with pytest.raises(LossConfigError, match="clip_eps"):
+        fn.configure({"clip_eps": 0.2})
+
+
+def _request(data, loss_fn="importance_sampling", **config):
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    request = tinker.types.ForwardBackwardRequest(
+        forward_backward_input=tinker.types.ForwardBackwardInput(
+            data=data, loss_fn=loss_fn, loss_fn_config=config or None
+        ),
+        model_id="m",
+        seq_id=3,
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def _datum(tokens, targets, **floats):
+    inputs = {"target_tokens": tinker.TensorData(data=targets, dtype="int64", shape=[len(targets)])}
+    for name, values in floats.items():
+        inputs[name] = tinker.TensorData(data=values, dtype="float32", shape=[len(values)])
+    return tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
+
+
+def test_a_datum_becomes_a_row_scoring_its_targets_after_its_inputs():
+    body = _request(
+        [_datum([5, 6, 7], [6, 7, 8], logprobs=[-1.0, -2.0, -3.0], advantages=[0.0, 1.0, 1.0])],
+        clip_low_threshold=0.5,
+    )
+    batch = convert.parse_forward_backward(body)
+    assert (batch.model_id, batch.seq_id, batch.loss_fn) == ("m", 3, "importance_sampling")
+    assert batch.loss_config == {"clip_low_threshold": 0.5}
+    assert batch.batch["input_ids"] == [[5, 6, 7, 8]]
+    assert batch.batch["target_tokens"] == [[0, 6, 7, 8]]
+    assert batch.batch["old_log_probs"] == [[0.0, -1.0, -2.0, -3.0]]
+    assert batch.batch["loss_mask"] == [[0.0, 1.0, 1.0, 1.0]]
+
+
+def test_targets_and_inputs_of_different_length_are_refused():
+    with pytest.raises(convert.TinkerInputError, match="target_tokens has 2 entries"):
+        convert.parse_forward_backward(_request([_datum([5, 6, 7], [6, 7])]))
+
+
+def test_a_malformed_body_is_refused():
+    with pytest.raises(convert.TinkerInputError, match="ForwardBackwardRequest"):
+        convert.parse_forward_backward(b"\xff\x00garbage")
+
+
+def test_the_sdk_reads_our_forward_backward_output():
+    from tinker.proto.response_conv import deserialize_forward_backward_output
+
+    batch = convert.parse_forward_backward(
+        _request([_datum([1, 2], [2, 3]), _datum([4, 5, 6], [5, 6, 7])], loss_fn="cross_entropy")
+    )
+    result = {"loss.sum": 4.5, "log_probs": [[0.0, -1.0, -2.0], [0.0, -0.5, -0.25, -0.125]]}
+    out = deserialize_forward_backward_output(convert.forward_backward_output(batch, result))
+    assert out.metrics == {"loss:sum": 4.5}
+    assert out.loss_fn_outputs[0]["logprobs"].to_numpy().tolist() == [-1.0, -2.0]
+    assert out.loss_fn_outputs[1]["logprobs"].to_numpy().tolist() == [-0.5, -0.25, -0.125]
+
+
+def test_the_sdk_reads_our_sample_output():
+    from tinker.proto.response_conv import deserialize_sample_response
+
+    completions = [{"token_ids": [3, 4], "logprobs": [-0.5, -1.5], "finish_reason": "length"}]
+    out = deserialize_sample_response(convert.sample_output(completions, [None, -2.0]))
+    assert out.sequences[0].tokens == [3, 4]
+    assert np.allclose(out.sequences[0].logprobs, [-0.5, -1.5])
+    assert out.sequences[0].stop_reason == "length"
+    assert out.prompt_logprobs == [None, -2.0]
+
+
+def test_a_lane_runs_requests_in_seq_id_order_whatever_order_they_arrive_in():
+    lane = Lane("m")
+    ran: list[int] = []
+    done = threading.Event()
+
+    def work(seq: int):
+        def run() -> None:
+            ran.append(seq)
+            if len(ran) == 4:
+                done.set()
+
+        return run
+
+    for seq in (3, 1, 4, 2):
+        lane.submit(seq, f"r{seq}", work(seq))
+    assert done.wait(10)
+    assert ran == [1, 2, 3, 4]
+    lane.close()
+
+
+def test_a_refused_seq_id_does_not_hold_up_the_next_one():
+    lane = Lane("m")
+    done = threading.Event()
+    lane.submit(2, "r2", done.set)
+    lane.skip(1)
+    assert done.wait(10)
+    lane.close()
