@@ -22,6 +22,7 @@ BENCHMARKS = {
     "transport": {"transports": ("http", "ray")},
     "weight_sync": {},
     "load": {},
+    "tinker": {},
 }
 
 
