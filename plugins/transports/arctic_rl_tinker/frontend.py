@@ -275,10 +275,8 @@ class TinkerFrontend:
 
             make(batch.loss_fn).configure(batch.loss_config)  # refuse a bad config now
             if batch.loss_fn != "cross_entropy":
-                missing = {"logprobs", "advantages"} - {
-                    "logprobs" if "old_log_probs" in batch.batch else "",
-                    "advantages" if "advantages" in batch.batch else "",
-                }
+                ours = {"logprobs": "old_log_probs", "advantages": "advantages"}
+                missing = [name for name, field in ours.items() if field not in batch.batch]
                 if missing:
                     raise InvalidRequestError(
                         f"loss_fn {batch.loss_fn!r} needs loss_fn_inputs {sorted(missing)}"
