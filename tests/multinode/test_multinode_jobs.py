@@ -209,6 +209,42 @@ def test_a_client_in_another_namespace_reconnects_and_continues(server):
     assert result["loaded"] == 1  # the checkpoint saved at step 1
 
 
+def test_a_zero2_world_across_nodes_trains_checkpoints_and_syncs(server, tiny_model_path):
+    jobs = _jobs(server.status())
+    old = jobs["training"]
+    assert server.ops(("destroy", {"job_id": old["job_id"]}))[0]["ok"]  # frees its 2 GPUs
+    config = _config(server, tiny_model_path, ds_config={"zero_optimization": {"stage": 2}})
+    made = server.ops(("initialize", {"job_type": "training", "config": config}))[0]
+    assert made["ok"], made
+    job_id = made["result"]["job_id"]
+    trainer = _wait_state(server, job_id, {"running", "failed"}, limit=1200)
+    assert trainer["state"] == "running", trainer
+    assert len({n["address"] for n in trainer["worker_nodes"]}) == 2
+    batch = {"input_ids": [[1, 5, 6, 7, 8], [2, 9, 4]], "advantages": [1.0, -1.0]}
+    targets = {
+        "training_job_id": job_id,
+        "sampling_job_ids": [jobs["sampling"]["job_id"]],
+        "log_prob_job_ids": [jobs["log_prob"]["job_id"]],
+    }
+    answers = server.ops(
+        ("fwd_bwd", {"job_id": job_id, "batch": batch, "loss_fn": "importance_sampling"}),
+        ("step", {"job_id": job_id}),
+        ("save_checkpoint", {"job_id": job_id}),
+        ("fwd_bwd", {"job_id": job_id, "batch": batch, "loss_fn": "importance_sampling"}),
+        ("step", {"job_id": job_id}),
+        ("load_checkpoint", {"job_id": job_id}),
+        ("sync_weights", targets),
+        ("weight_norm", {"job_ids": [job_id, *targets["sampling_job_ids"]]}),
+    )
+    assert all(a["ok"] for a in answers), [a for a in answers if not a["ok"]]
+    assert answers[1]["result"]["global_step"] == 1 and answers[4]["result"]["global_step"] == 2
+    assert answers[5]["result"]["global_step"] == 1  # back at the saved step
+    norms = answers[7]["result"]["norms"]
+    assert norms[str(jobs["sampling"]["job_id"])]["norm"] == pytest.approx(
+        norms[str(job_id)]["norm"], rel=1e-5
+    )
+
+
 def test_a_cut_link_fails_the_jobs_there_and_the_rest_keep_serving(server, netns_cluster):
     jobs = _jobs(server.status())
     log_prob = jobs["log_prob"]
@@ -274,3 +310,12 @@ def test_a_killed_node_fails_its_job_and_a_restart_places_it_on_remaining_capaci
                       "sampling_params": {"max_tokens": 4, "temperature": 0.0}}),
     )[0]  # fmt: skip
     assert out["ok"], out
+
+
+def test_no_token_is_written_to_the_job_table_or_the_logs(server, netns_cluster):
+    ray_token = netns_cluster.token_path.read_text().strip()
+    table = (server.run_dir / "job_table.json").read_text()
+    log = server.log.read_text(errors="replace")
+    for secret in (server.token, ray_token):
+        assert secret not in table and secret not in log
+
