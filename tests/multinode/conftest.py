@@ -10,6 +10,7 @@ with the reason, only where the machine cannot make namespaces (not root, no ``i
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,13 @@ def netns_available() -> None:
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
+    # a SIGTERM (a CI timeout) becomes SystemExit, so fixtures' finally and atexit clean up
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @pytest.fixture(scope="session")

@@ -141,7 +141,7 @@ class NetnsCluster:
     gpus_per_worker: int = 1
     cpus_per_node: int = 4
     object_store_bytes: int = 256 * 1024 * 1024
-    start_timeout: float = 300.0
+    start_timeout: float = 420.0
     python: str = sys.executable
     extra_env: Mapping[str, str] = field(default_factory=dict)
     keep_run_dir: bool = bool(os.environ.get("ARL_NETNS_KEEP"))
@@ -250,7 +250,9 @@ class NetnsCluster:
         index = self._reserve_subnet()
         prefix = f"198.{SUPERNET_FIRST_OCTETS[index // 256]}.{index % 256}"
         self.subnet = f"{prefix}.0/24"
-        roles: list[Role] = ["head", *["worker"] * self.workers, *["client"] * self.clients]
+        worker: Role = "worker"
+        client: Role = "client"
+        roles: list[Role] = ["head", *[worker] * self.workers, *[client] * self.clients]
         self.bridge = f"arlbr{self._tag}"
         _ip("link", "add", self.bridge, "type", "bridge")
         self._bridge_made = True
@@ -355,26 +357,29 @@ class NetnsCluster:
         """The file that holds a host's ``ray start --block`` output."""
         return self.run_dir / "logs" / f"h{self.host(which).index}-ray-start.log"
 
-    def _wait_alive(self, attempts: int = 3) -> None:
-        """Start the workers once the head is alive, then wait until every Ray host is alive
-        in ``ray.nodes()``. A worker whose ``ray start`` gives up (Ray waits only 30 s for its
-        raylet to register, too short on a loaded machine) is started again, up to
-        ``attempts`` times in all; the error names the node that never came up."""
-        status = self.run_dir / "ready.json"
-        probe_log = open(self.run_dir / "logs" / "ready-probe.log", "wb")
-        try:
-            probe = self._popen(
+    def _start_probe(self, status: Path) -> subprocess.Popen[Any]:
+        """A driver in the head's namespace that keeps writing the alive nodes to ``status``."""
+        status.unlink(missing_ok=True)
+        with open(self.run_dir / "logs" / "ready-probe.log", "ab") as log:
+            return self._popen(
                 self.head,
                 [self.python, "-c", _READY_PROBE, self.head_address, str(status)],
                 self.env,
-                stdout=probe_log,
+                stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        finally:
-            probe_log.close()
+
+    def _wait_alive(self, attempts: int = 4, in_flight: int = 2) -> None:
+        """Wait until every Ray host is alive in ``ray.nodes()``, starting workers once the
+        head is alive, at most ``in_flight`` at a time (a loaded 2-core machine starts two
+        faster than four). Ray gives a raylet only 30 s to register before ``ray start``
+        gives up, too short under load: such a node is started again, up to ``attempts``
+        times in all, within ``start_timeout``. The error names the node that never came up.
+        """
+        status = self.run_dir / "ready.json"
+        probe = self._start_probe(status)
         want = {h.ip for h in self.hosts if h.role != "client"}
-        tries = dict.fromkeys(want, 0)
-        tries[self.head.ip] = 1
+        tries = {self.head.ip: 1}
         deadline = time.monotonic() + self.start_timeout
         state: dict[str, Any] = {}
         try:
@@ -384,34 +389,41 @@ class NetnsCluster:
                 alive = set(state.get("alive", []))
                 if want <= alive:
                     return
-                if self.head.ip in alive and len(self._ray_procs) == 1:
+                if self.head.ip in alive:
+                    starting = [h for h in self.worker_hosts if h.ip in tries and h.ip not in alive]
                     for host in self.worker_hosts:
-                        self._start_node(host)
-                        tries[host.ip] = 1
+                        if len(starting) >= in_flight:
+                            break
+                        if host.ip not in tries:
+                            self._start_node(host)
+                            tries[host.ip] = 1
+                            starting.append(host)
                 for k, proc in list(self._ray_procs.items()):
                     if proc.poll() is None:
                         continue
                     host = self.hosts[k]
-                    if host.role == "head" or tries[host.ip] >= attempts:
+                    if tries[host.ip] >= attempts or (host.role == "head" and len(tries) > 1):
                         self._raise_node(k, f"`ray start` exited with {proc.returncode}")
                     self._end_namespace(host.namespace, grace=1.0, timeout=30.0)
                     with open(self.log_path(host), "ab") as log:
                         log.write(b"\n--- harness: ray start gave up; starting it again ---\n")
                     tries[host.ip] += 1
                     self._start_node(host)
+                    if host.role == "head":  # the probe ran in the head's namespace too
+                        probe = self._start_probe(status)
                 if probe.poll() is not None:
                     raise ClusterStartError(
                         f"the readiness probe in {self.head.namespace} exited with "
                         f"{probe.returncode}:\n{_tail(self.run_dir / 'logs' / 'ready-probe.log')}"
                     )
                 if time.monotonic() > deadline:
-                    missing = sorted(want - alive)
+                    missing = sorted(want - alive, key=lambda ip: self.host(ip).index)
                     first = self.host(missing[0])
                     detail = f" (probe: {state['error']})" if state.get("error") else ""
                     self._raise_node(
                         first.index,
-                        f"not alive after {self.start_timeout:.0f}s; alive: "
-                        f"{sorted(alive)}, missing: {missing}{detail}",
+                        f"not alive after {self.start_timeout:.0f}s (attempts: {tries}); "
+                        f"alive: {sorted(alive)}, missing: {missing}{detail}",
                     )
                 time.sleep(0.25)
         finally:

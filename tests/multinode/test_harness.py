@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable
 
 import pytest
@@ -93,6 +94,38 @@ def test_client_namespace_reaches_head_but_runs_no_ray(netns_cluster: NetnsClust
     done = netns_cluster.exec_python(client, probe, args=[host, port], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _result(done.stdout)["local"] == client.ip
+
+
+CONNECT = r"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("RESULT {\"connected\": true}")
+except OSError as exc:
+    print("RESULT {\"connected\": false}")
+    print(exc, file=sys.stderr)
+"""
+
+
+def test_link_down_cuts_a_host_off(netns_cluster: NetnsCluster) -> None:
+    """``link_down`` cuts a host off from the others; ``link_up`` reconnects it."""
+    client = netns_cluster.client_hosts[0]
+    host, port = netns_cluster.head_address.split(":")
+
+    def connected() -> bool:
+        done = netns_cluster.exec_python(client, CONNECT, args=[host, port, "5"], timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return bool(_result(done.stdout)["connected"])
+
+    netns_cluster.link_down(client)
+    try:
+        assert not connected()
+    finally:
+        netns_cluster.link_up(client)
+    deadline = time.monotonic() + 120
+    while not connected():  # the link takes a moment to carry traffic again
+        assert time.monotonic() < deadline, "no connection 120 s after link_up"
+        time.sleep(1)
 
 
 def test_kill_node_makes_it_dead(
