@@ -103,6 +103,19 @@ def test_save_and_load_weights_round_trip(training):
     assert abs(before - after) < 1e-4
 
 
+def test_a_sampler_on_replaced_weights_is_refused_with_a_clear_error(training):
+    import tinker
+
+    tok = _tokenizer(training)
+    prompt = tinker.ModelInput.from_ints(tok.encode(PROMPT))
+    params = tinker.SamplingParams(max_tokens=2)
+    old = training.save_weights_and_get_sampling_client().result(timeout=600)
+    new = training.save_weights_and_get_sampling_client().result(timeout=600)
+    assert len(new.sample(prompt, 1, params).result(timeout=600).sequences) == 1
+    with pytest.raises(tinker.RequestFailedError, match="newer save_weights_for_sampler"):
+        old.sample(prompt, 1, params).result(timeout=600)
+
+
 # --- bad input ----------------------------------------------------------------------------
 
 FAR_SEQ = 10**9  # raw requests must not take a seq_id the SDK's client will use
