@@ -21,7 +21,6 @@ address, a pair secret), alternating within each repetition.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import multiprocessing as mp
 import os
@@ -247,20 +246,11 @@ def run_local(
 
 
 def _coordinator_kwargs(role: str, sender_ip: str, own_ip: str) -> dict[str, Any]:
-    """Where each side listens and connects: the pair's store on the sender's address.
-
-    With ``sender_hosts`` in the coordinator, ``host`` is each side's own address (gloo binds
-    there) and the receiver reaches the sender at ``sender_hosts[0]``; without it, ``host``
-    is the one address both sides use.
-    """
-    from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
-
-    params = inspect.signature(WeightSyncCoordinator).parameters
-    kwargs: dict[str, Any] = {"host": sender_ip}
-    if "sender_hosts" in params:
-        kwargs = {"host": own_ip, "sender_hosts": {0: sender_ip}}
-    if "secret" in params:  # as the server runs it: every control message signed
-        kwargs["secret"] = "bench-" + "0" * 58
+    """Each side's own address (its gloo device binds there); the receiver reaches the
+    sender's pair store at ``sender_hosts[0]``; a pair secret, as the server runs it."""
+    kwargs: dict[str, Any] = {"host": own_ip, "secret": "bench-" + "0" * 58}
+    if role == "receiver":
+        kwargs["sender_hosts"] = {0: sender_ip}
     return kwargs
 
 
