@@ -38,25 +38,6 @@ nodes = [
 print("RESULT " + json.dumps({"ips": ips, "actors": table, "nodes": nodes}))
 """
 
-# a driver that reports once connected, then waits until ray.nodes() says ``ip`` is dead
-WAIT_DEAD = r"""
-import json, sys, time
-import ray
-
-ray.init()
-ip, limit = sys.argv[1], float(sys.argv[2])
-print("CONNECTED", flush=True)
-deadline = time.monotonic() + limit
-while time.monotonic() < deadline:
-    states = [n["Alive"] for n in ray.nodes() if n["NodeManagerAddress"] == ip]
-    if states and not any(states):
-        print("RESULT " + json.dumps({"dead": True}), flush=True)
-        break
-    time.sleep(0.5)
-else:
-    print("RESULT " + json.dumps({"dead": False, "nodes": ray.nodes()}, default=str), flush=True)
-"""
-
 
 def _result(out: str) -> dict:
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
@@ -128,38 +109,14 @@ def test_link_down_cuts_a_host_off(netns_cluster: NetnsCluster) -> None:
         time.sleep(1)
 
 
-def test_kill_node_makes_it_dead(
-    netns_cluster_factory: Callable[..., NetnsCluster],
-) -> None:
-    """After ``kill_node`` the GCS reports that node dead within a bounded time."""
-    cluster = netns_cluster_factory(workers=1)
-    victim = cluster.worker_hosts[0]
-    watcher = cluster.run_in(
-        cluster.head,
-        [cluster.python, "-c", WAIT_DEAD, victim.ip, "240"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert watcher.stdout is not None
-    first = watcher.stdout.readline()
-    assert first.strip() == "CONNECTED", first + (watcher.stderr.read() if watcher.stderr else "")
-    killed = cluster.kill_node(victim)
-    assert killed, "kill_node found no process in the worker's namespace"
-    assert cluster.pids(victim) == []
-    assert all(pid_gone(pid) for pid in killed)
-    out, err = watcher.communicate(timeout=600)
-    assert _result(first + out)["dead"], err[-3000:]
-
-
 def test_close_removes_everything(netns_cluster_factory: Callable[..., NetnsCluster]) -> None:
     """``close`` ends every process in the run's namespaces (Ray's and a test's own, with
     their children) and deletes the namespaces, veth pairs and the bridge."""
-    cluster = netns_cluster_factory(workers=1, clients=1)
+    cluster = netns_cluster_factory(workers=0, clients=1)  # Ray on the head only
     client = cluster.client_hosts[0]
     stray = cluster.run_in(client, ["sh", "-c", "sleep 600 & sleep 600"])
     pids = {p for ns in cluster.namespaces for p in netns_pids(ns)}
-    assert stray.pid in pids and len(pids) > 3
+    assert stray.pid in pids and len(pids) > 2
     assert cluster.leftovers()  # all there before close
     cluster.close()
     assert cluster.leftovers() == []

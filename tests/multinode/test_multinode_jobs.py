@@ -286,7 +286,8 @@ def test_a_killed_node_fails_its_job_and_a_restart_places_it_on_remaining_capaci
     jobs = _jobs(server.status())
     sampling = jobs["sampling"]
     node = sampling["worker_nodes"][0]["address"]
-    assert netns_cluster.kill_node(node)
+    killed = netns_cluster.kill_node(node)  # SIGKILL every process in its namespace
+    assert killed and netns_cluster.pids(node) == []
     failed = _wait_state(server, sampling["job_id"], {"failed"}, limit=300)
     assert node in failed["reason"], failed
     answers = server.ops(
@@ -318,4 +319,3 @@ def test_no_token_is_written_to_the_job_table_or_the_logs(server, netns_cluster)
     log = server.log.read_text(errors="replace")
     for secret in (server.token, ray_token):
         assert secret not in table and secret not in log
-
