@@ -348,10 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="SFT warm start then GRPO on a digit-reversal task, tiny model, on CPU"
     )
-    demo.add_argument("--steps", type=int, default=200, help="GRPO steps (default 200)")
-    demo.add_argument("--sft-steps", type=int, default=60, help="warm-start steps (default 60)")
+    demo.add_argument("--steps", type=int, default=80, help="GRPO steps (default 80)")
+    demo.add_argument("--sft-steps", type=int, default=40, help="warm-start steps (default 40)")
     demo.add_argument(
-        "--eval-every", type=int, default=20, help="held-out evaluation every N RL steps (0: end)"
+        "--eval-every", type=int, default=10, help="held-out evaluation every N RL steps (0: end)"
     )
     demo.add_argument(
         "--async",

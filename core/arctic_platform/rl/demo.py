@@ -35,8 +35,8 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 class DemoSettings:
     """What one demo run does (``steps`` counts RL steps; the warm start has its own)."""
 
-    steps: int = 200
-    sft_steps: int = 60
+    steps: int = 80
+    sft_steps: int = 40
     sft_batch_size: int = 32
     sft_learning_rate: float = 2e-3
     prompts_per_step: int = 16
@@ -44,7 +44,7 @@ class DemoSettings:
     max_tokens: int = 8
     learning_rate: float = 1e-3
     kl_coef: float = 0.0
-    eval_every: int = 20
+    eval_every: int = 10
     digits: int = 4
     heldout_size: int = 128
     async_mode: bool = False
@@ -436,7 +436,7 @@ def _plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> 
     )
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
