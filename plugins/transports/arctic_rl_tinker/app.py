@@ -286,7 +286,9 @@ def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
 
     @route("/api/v1/sessions/{session_id}/finish")
     async def finish(request: Request) -> Response:
-        frontend.session(request.path_params["session_id"])
+        session_id = request.path_params["session_id"]
+        frontend.session(session_id)
+        await run_in_threadpool(frontend.finish_session, session_id)
         return _json(None)
 
     @route("/api/v1/create_model")

@@ -25,6 +25,15 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens sampled when a request leaves ``max_tokens`` unset."""
+SESSION_TTL = 120.0
+"""Seconds without a heartbeat (the SDK beats every 10 s) after which a session's models go."""
+
+
+class SessionGoneError(InvalidRequestError):
+    """A session that finished or expired (the SDK stops its heartbeat on 410)."""
+
+    status = 410
+    code = "session_finished"
 
 
 class UnknownIdError(InvalidRequestError):
@@ -48,6 +57,7 @@ class Model:
     model_id: str
     base_model: str
     lane: Lane
+    session_id: str = ""
     lora_rank: int | None = None
     training_job: int | None = None
     sampling_job: int | None = None
@@ -87,7 +97,12 @@ class TinkerFrontend:
     """Tinker's API over one ``RLServer``: ids, paths and ordering; the work is the server's."""
 
     def __init__(
-        self, server: RLServer, *, gpus: Gpus | None = None, job_ready_timeout: float = 900.0
+        self,
+        server: RLServer,
+        *,
+        gpus: Gpus | None = None,
+        job_ready_timeout: float = 900.0,
+        session_ttl: float = SESSION_TTL,
     ) -> None:
         self.server = server
         self.gpus = gpus or Gpus.from_total(int(getattr(server, "num_gpus", 1) or 1))
@@ -100,19 +115,64 @@ class TinkerFrontend:
         self.paths: dict[str, tuple[str, str, Any]] = {}  # tinker path -> (kind, model, what)
         self._base_samplers: dict[str, int] = {}  # base model -> its own sampling job
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tinker-work")
+        self._finished: set[str] = set()
+        self.session_ttl = session_ttl
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._expire, name="tinker-sessions", daemon=True)
+        self._reaper.start()
 
     def close(self) -> None:
         """Stop the lanes and the worker pool (the jobs belong to the server)."""
+        self._stop.set()
         for model in list(self.models.values()):
             model.lane.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def _expire(self) -> None:
+        """Finish sessions whose client stopped beating, so their jobs free their GPUs."""
+        while not self._stop.wait(min(15.0, self.session_ttl / 4)):
+            now = time.time()
+            with self._lock:
+                stale = [s for s, seen in self.sessions.items() if now - seen > self.session_ttl]
+            for session_id in stale:
+                logger.info(
+                    "tinker session %s sent no heartbeat for %.0f s: finishing it",
+                    session_id,
+                    self.session_ttl,
+                )
+                self.finish_session(session_id)
+
+    def finish_session(self, session_id: str) -> None:
+        """End a session: destroy its models' jobs and forget their samplers and paths."""
+        with self._lock:
+            self.sessions.pop(session_id, None)
+            self._finished.add(session_id)
+            models = [m for m in self.models.values() if m.session_id == session_id]
+            for model in models:
+                del self.models[model.model_id]
+            gone = {m.model_id for m in models}
+            jobs = {j for m in models for j in (m.training_job, m.sampling_job) if j is not None}
+            for sampler_id in [k for k, v in self.samplers.items() if v.job_id in jobs]:
+                del self.samplers[sampler_id]
+            for path in [k for k, v in self.paths.items() if v[1] in gone]:
+                del self.paths[path]
+        for model in models:
+            model.lane.close()
+        for job_id in sorted(jobs):
+            try:
+                self.server.handle("destroy", {"job_id": job_id})
+            except ArcticRLError as exc:
+                logger.warning("tinker session %s: destroying job %s: %s", session_id, job_id, exc)
+
     # --- lookups ----------------------------------------------------------------------
 
     def session(self, session_id: str) -> None:
-        """Check that ``session_id`` exists (UnknownIdError otherwise)."""
-        if session_id not in self.sessions:
-            raise UnknownIdError(f"unknown session_id {session_id!r}")
+        """Check that ``session_id`` is live (SessionGoneError, UnknownIdError otherwise)."""
+        if session_id in self.sessions:
+            return
+        if session_id in self._finished:
+            raise SessionGoneError(f"session {session_id!r} has finished")
+        raise UnknownIdError(f"unknown session_id {session_id!r}")
 
     def model(self, model_id: str) -> Model:
         """The model ``model_id`` (UnknownIdError otherwise)."""
@@ -192,7 +252,9 @@ class TinkerFrontend:
         with self._lock:
             if model_id in self.models:
                 raise InvalidRequestError(f"model {model_id} already exists")
-            model = Model(model_id, base_model, Lane(model_id), lora_rank=lora_rank)
+            model = Model(
+                model_id, base_model, Lane(model_id), session_id=session_id, lora_rank=lora_rank
+            )
             self.models[model_id] = model
         future = self.futures.new("create_model")
 

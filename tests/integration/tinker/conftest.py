@@ -100,18 +100,20 @@ def tinker_server(
         _stop(process)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def service(tinker_server: TinkerServer) -> Iterator[object]:
-    """A ``tinker.ServiceClient`` on the server (the SDK as a user would build it)."""
+    """A ``tinker.ServiceClient`` on the server; closing it finishes the session, which
+    destroys its models' jobs (one logical GPU holds one model's jobs at a time)."""
     import tinker
 
     client = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.token)
     yield client
+    client.close("success").result(timeout=300)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def training(service: object, tinker_server: TinkerServer) -> object:
-    """One training client (full fine-tuning of the tiny model) shared by the tests."""
+    """One training client (full fine-tuning of the tiny model) shared by a module's tests."""
     return service.create_lora_training_client(  # type: ignore[attr-defined]
         base_model=tinker_server.model, rank=8
     ).result(timeout=900)
