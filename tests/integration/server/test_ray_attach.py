@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
-import shutil
 import sys
 import tempfile
 import textwrap
