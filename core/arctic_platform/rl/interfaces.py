@@ -63,7 +63,9 @@ class TrainingEngine(Engine):
     ) -> dict[str, float]:
         """Accumulate gradients of ``loss_fn`` over ``batch``.
 
-        Returns metrics as ``{name}.sum``/``{name}.tokens`` pairs plus their ratios."""
+        Returns metrics as ``{name}.sum``/``{name}.tokens`` pairs plus their ratios. The server
+        may also pass ``return_log_probs=True`` (answer ``log_probs`` per row) and
+        ``forward_only=True`` (no gradient); an engine without them refuses such calls."""
 
     @abstractmethod
     def fwd_no_grad(
@@ -76,6 +78,8 @@ class TrainingEngine(Engine):
         """Apply the optimizer; returns ``global_step``, ``lr``, ``grad_norm``, ``applied``.
 
         With nothing accumulated since the last step or load: change nothing, ``applied=False``.
+        The server passes a second argument, ``optimizer_params`` (AdamW ``beta1``, ``beta2``,
+        ``eps``, ``weight_decay``, ``grad_clip_norm``), when a client sets any of them.
         """
 
     @abstractmethod
