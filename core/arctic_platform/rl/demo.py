@@ -285,6 +285,11 @@ async def _run(settings: DemoSettings) -> dict[str, Any]:
     out_dir = s.output_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("ARCTIC_RL_HOME", str(out_dir / ".arctic_rl"))
+    # vLLM's CPU auto-binding pins the sampler's OpenMP threads to cores it picks; one
+    # unpinned thread per engine let generation and training overlap on a 2-core machine
+    # (bench/async_pipeline.py measured it).
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     size = MODEL_SIZES[s.model_size]
     model = build_tiny_model(
         out_dir / f"model-{s.model_size}",
@@ -361,6 +366,10 @@ def _summarize(
         "staleness_max": max(staleness, default=0),
         "staleness_mean": sum(staleness) / n,
         "dropped_stale_rollouts": run.dropped_stale,
+        "rollouts_across_a_hotswap": sum(
+            1 for r in rl if r["sampled_versions"][0] != r["sampled_versions"][1]
+        ),
+        "mean_importance_ratio": sum(r["ratio"] for r in rl) / n,
         "sft_checkpoint": run.sft_checkpoint,
         "setup_seconds": seconds["setup"],
         "sft_seconds": seconds.get("sft", 0.0),
