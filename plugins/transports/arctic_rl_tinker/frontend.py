@@ -7,7 +7,6 @@ holds only the Tinker-side names (ids, paths, versions); every job state lives i
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -26,10 +25,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens sampled when a request leaves ``max_tokens`` unset."""
-SAMPLE_WINDOW = 0.005
-"""Seconds a sample request waits for others of the same sampler to share one ``generate``."""
-MAX_SAMPLE_BATCH = 64
-"""Most prompts in one shared ``generate``."""
 SESSION_TTL = 120.0
 """Seconds without a heartbeat (the SDK beats every 10 s) after which a session's models go."""
 
@@ -121,7 +116,6 @@ class TinkerFrontend:
         self._base_samplers: dict[str, int] = {}  # base model -> its own sampling job
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tinker-work")
         self._finished: set[str] = set()
-        self._open_samples: dict[Any, list[Any]] = {}
         self.session_ttl = session_ttl
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._expire, name="tinker-sessions", daemon=True)
@@ -516,50 +510,7 @@ class TinkerFrontend:
             params["prompt_logprobs"] = True
         future = self.futures.new("sample")
 
-        def finish(output: dict[str, Any]) -> Outcome:
-            prompt_lps = output.get("prompt_logprobs") if want_prompt else None
-            if prompt_lps is not None and last_n is not None:
-                keep = int(last_n)
-                prompt_lps = [None] * (len(prompt_lps) - keep) + list(prompt_lps[-keep:])
-            return Outcome(proto=convert.sample_output(output["completions"], prompt_lps))
-
-        self._enqueue_sample(sampler, params, prompt, future, finish)
-        return future
-
-    def _enqueue_sample(
-        self,
-        sampler: Sampler,
-        params: dict[str, Any],
-        prompt: list[int],
-        future: Future,
-        finish: Any,
-    ) -> None:
-        """Queue one prompt; prompts of the same sampler version and parameters that arrive
-        within ``SAMPLE_WINDOW`` seconds go to the sampling job as one ``generate``."""
-        seeded = params.get("seed") is not None  # a seed is per call: never shared
-        key = (sampler.job_id, sampler.version, json.dumps(params, sort_keys=True))
-        with self._lock:
-            batch = None if seeded else self._open_samples.get(key)
-            start = batch is None
-            if batch is None:
-                batch = []
-                if not seeded:
-                    self._open_samples[key] = batch
-            batch.append((prompt, future, finish))
-            if len(batch) >= MAX_SAMPLE_BATCH and self._open_samples.get(key) is batch:
-                del self._open_samples[key]
-        if start:
-            self._pool.submit(self._run_samples, key, sampler, params, batch)
-
-    def _run_samples(
-        self, key: Any, sampler: Sampler, params: dict[str, Any], batch: list[Any]
-    ) -> None:
-        time.sleep(SAMPLE_WINDOW)
-        with self._lock:
-            if self._open_samples.get(key) is batch:
-                del self._open_samples[key]
-            items = list(batch)
-        try:
+        def work() -> Outcome:
             info = self.server.handle("get_job", {"job_id": sampler.job_id})
             if info.get("weight_version", 0) != sampler.version:
                 raise StaleWeightsError(
@@ -570,18 +521,17 @@ class TinkerFrontend:
                 )
             answer = self.server.handle(
                 "generate",
-                {
-                    "job_id": sampler.job_id,
-                    "prompts": [prompt for prompt, _, _ in items],
-                    "sampling_params": params,
-                },
+                {"job_id": sampler.job_id, "prompts": [prompt], "sampling_params": params},
             )
-        except BaseException as exc:
-            for _, future, _ in items:
-                future.set(failure(exc))
-            return
-        for (_, future, finish), output in zip(items, answer["outputs"], strict=True):
-            run_into(future, lambda finish=finish, output=output: finish(output))
+            output = answer["outputs"][0]
+            prompt_lps = output.get("prompt_logprobs") if want_prompt else None
+            if prompt_lps is not None and last_n is not None:
+                keep = int(last_n)
+                prompt_lps = [None] * (len(prompt_lps) - keep) + list(prompt_lps[-keep:])
+            return Outcome(proto=convert.sample_output(output["completions"], prompt_lps))
+
+        self._pool.submit(run_into, future, work)
+        return future
 
 
 def prompt_tokens(prompt: Any) -> list[int]:
