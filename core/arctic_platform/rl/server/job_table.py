@@ -1,21 +1,24 @@
-"""The server's durable job table: one small JSON file in its run directory.
+"""The server's durable job table: a JSON snapshot in its run directory, plus a change log.
 
 It holds what a restarted server needs to bring its jobs back with the same ids (configs,
-states, checkpoints, weight versions, the next id) and the settings it was served with. It is
-written atomically (temp file, fsync, ``os.replace``), readable by the owner only, and never
-holds a token.
+states, checkpoints, weight versions, request ids, the next id) and the settings it was
+served with. The snapshot is written atomically (temp file, fsync, ``os.replace``); each
+later change of a job is one fsynced line appended to ``job_table.log`` (``job_log``), and
+``load_table`` replays it. Both are readable by the owner only and never hold a token.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arctic_platform.rl.errors import ArcticRLError, JobStateError
+from arctic_platform.rl.server import job_log
 
 STATE_FILE = "job_table.json"
 REQUEST_IDS_KEPT = 128
@@ -138,6 +141,8 @@ class JobTable(BaseModel):
     next_job_id: int = Field(default=1, ge=1)
     server: dict[str, Any] = Field(default_factory=dict)
     jobs: list[JobRecord] = Field(default_factory=list)
+    log_id: str | None = None
+    """The change log that extends this snapshot (a log naming another id is stale)."""
 
 
 def scrub(value: Any) -> Any:
@@ -155,7 +160,11 @@ def state_path(run_dir: Path) -> Path:
 
 
 def save_table(run_dir: Path, table: JobTable) -> Path:
-    """Write ``table`` atomically with mode 0600; a crash leaves the old or the new file."""
+    """Write ``table`` atomically with mode 0600 and drop the change log it supersedes.
+
+    A crash leaves the old or the new snapshot; a log left beside the new one names the old
+    snapshot, so it is not replayed.
+    """
     path = state_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(scrub(table.model_dump(mode="json")), indent=1, sort_keys=True)
@@ -166,6 +175,7 @@ def save_table(run_dir: Path, table: JobTable) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    job_log.log_path(run_dir).unlink(missing_ok=True)
     return path
 
 
@@ -179,15 +189,87 @@ def load_table(run_dir: Path) -> JobTable | None:
     except OSError as exc:
         raise JobTableError(f"cannot read the job table {path}: {exc}") from None
     try:
-        return JobTable.model_validate_json(text)
-    except ValidationError as exc:
-        from arctic_platform.rl.wire import describe_errors
+        data = json.loads(text)
+        if isinstance(data, dict):
+            for entry in job_log.read_log(run_dir, data.get("log_id")):
+                job_log.apply(data, entry)
+        return JobTable.model_validate(data)
+    except ValueError as exc:
+        if isinstance(exc, ValidationError):
+            from arctic_platform.rl.wire import describe_errors
 
-        raise JobTableError(f"{path} is not a valid job table: {describe_errors(exc)}") from None
+            why = describe_errors(exc)
+        else:
+            why = str(exc)
+        raise JobTableError(f"{path} is not a valid job table: {why}") from None
+    except (KeyError, TypeError) as exc:
+        log = job_log.log_path(run_dir)
+        raise JobTableError(f"{log} holds a change that does not fit {path}: {exc!r}") from None
+
+
+class JobJournal:
+    """Keeps the job table on disk: a snapshot at ``compact``, one log line per job change.
+
+    ``append`` costs the size of one job's change (not the table's); it answers False when
+    the table must be compacted instead (nothing written yet by this process, or the log
+    past ``limit_bytes``). Callers serialise calls.
+    """
+
+    def __init__(self, run_dir: Path, limit_bytes: int = job_log.COMPACT_AFTER_BYTES) -> None:
+        self.run_dir = Path(run_dir)
+        self.limit_bytes = limit_bytes
+        self._writer: job_log.LogWriter | None = None
+        self._written: dict[int, dict[str, Any]] = {}
+        self._next_job_id = 1
+
+    def compact(self, table: JobTable) -> None:
+        """Write ``table`` as the new snapshot and start an empty log that extends it."""
+        self.close()
+        log_id = uuid.uuid4().hex
+        save_table(self.run_dir, table.model_copy(update={"log_id": log_id}))
+        self._written = {r.job_id: _json_record(r) for r in table.jobs}
+        self._next_job_id = table.next_job_id
+        self._writer = job_log.LogWriter(self.run_dir, log_id)
+
+    def append(self, record: JobRecord, next_job_id: int) -> bool:
+        """Log what changed in ``record`` since it was last written; False: compact instead."""
+        writer = self._writer
+        if writer is None or writer.size > self.limit_bytes:
+            return False
+        new = _json_record(record)
+        entry = job_log.change(self._written.get(record.job_id), new)
+        if next_job_id != self._next_job_id:
+            entry = {**(entry or {}), "next_job_id": next_job_id}
+        if entry is not None:
+            try:
+                writer.append(entry)
+            except OSError:  # a line may be half written: the next change compacts
+                self.close()
+                raise
+        self._written[record.job_id] = new
+        self._next_job_id = next_job_id
+        return True
+
+    @property
+    def log_bytes(self) -> int:
+        """Bytes in the current log (0 before the first compaction)."""
+        return self._writer.size if self._writer is not None else 0
+
+    def close(self) -> None:
+        """Stop appending; the next change compacts."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _json_record(record: JobRecord) -> dict[str, Any]:
+    result: dict[str, Any] = scrub(record.model_dump(mode="json"))
+    return result
 
 
 __all__ = [
     "REQUEST_IDS_KEPT",
+    "JobJournal",
     "JobRecord",
     "JobTable",
     "JobTableError",

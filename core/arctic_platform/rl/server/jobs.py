@@ -28,11 +28,11 @@ from arctic_platform.rl.errors import (
     WorkerDiedError,
 )
 from arctic_platform.rl.server.job_table import (
+    JobJournal,
     JobRecord,
     JobTable,
     RequestIdRecord,
     load_table,
-    save_table,
 )
 
 logger = logging.getLogger(__name__)
@@ -299,6 +299,7 @@ class JobManager:
         self._next_id = 1
         self._lock = threading.Lock()
         self._table_lock = threading.Lock()
+        self._journal = JobJournal(run_dir)
         self._colocation_group: Any = None
         self._colocation_bundles = 0
         self._threads: list[threading.Thread] = []
@@ -306,20 +307,28 @@ class JobManager:
 
     # --- the durable job table ------------------------------------------------------------
 
-    def persist(self, _job: Job | None = None) -> None:
-        """Write every job and the next id to the job table (atomically; never raises)."""
+    def persist(self, job: Job | None = None) -> None:
+        """Make ``job``'s change durable (one log line), or with no job rewrite the whole
+        table (a snapshot); the table is compacted when the log is full. Never raises."""
         with self._table_lock:
             if self._frozen:
                 return
             try:
-                table = JobTable(
-                    next_job_id=self._next_id,
-                    server=self.server_settings,
-                    jobs=[job.record() for job in list(self.jobs.values())],
-                )
-                save_table(self.run_dir, table)
+                if job is not None and self._journal.append(job.record(), self._next_id):
+                    return
+                self._compact()
             except Exception as exc:  # a full disk must not take the server down
                 logger.error("could not write the job table in %s: %s", self.run_dir, exc)
+
+    def _compact(self) -> None:
+        """Write every job and the next id as a fresh snapshot and empty the log (under the
+        table lock)."""
+        table = JobTable(
+            next_job_id=self._next_id,
+            server=self.server_settings,
+            jobs=[job.record() for job in list(self.jobs.values())],
+        )
+        self._journal.compact(table)
 
     def load_previous(self, resume: bool) -> list[Job]:
         """Take over the jobs of an earlier server with this run dir, with the same ids.
@@ -800,6 +809,12 @@ class JobManager:
         import ray
 
         with self._table_lock:
+            try:  # a clean stop folds the log into the snapshot
+                if not self._frozen:
+                    self._compact()
+            except Exception as exc:
+                logger.error("could not write the job table in %s: %s", self.run_dir, exc)
+            self._journal.close()
             self._frozen = True
         for job in list(self.jobs.values()):
             job.cancel_requested = True
