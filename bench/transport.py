@@ -3,6 +3,9 @@
 One run builds the tiny model and, for each transport, times the engines called directly in
 this process and the same calls through ``ArcticRLClient`` (local backend, real server, real
 Ray), alternating the two, and reports each as a ratio over the in-process time (goal <= 1.10).
+It also times what a ``fwd_bwd``/``step`` with a request id pays to make its ledger entry
+durable: the whole job table rewritten (what every call paid before the change log) against
+one line appended to the log, for a small and a large table.
 """
 
 from __future__ import annotations
@@ -37,6 +40,53 @@ def _paired(
             fn()
             out.append(time.perf_counter() - t0)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def durability(jobs: tuple[int, ...] = (2, 64), calls: int = 40) -> dict[str, Any]:
+    """Seconds and bytes per durable change of one job: whole-table snapshot vs log append."""
+    from arctic_platform.rl.server.job_log import log_path
+    from arctic_platform.rl.server.job_table import (
+        JobJournal,
+        JobTable,
+        remember_request,
+        save_table,
+        state_path,
+    )
+    from arctic_platform.rl.server.jobs import Job, JobState
+
+    out: dict[str, Any] = {}
+    for count in jobs:
+        run_dir = Path(tempfile.mkdtemp(prefix="arctic-bench-table-"))
+        all_jobs = []
+        for job_id in range(1, count + 1):
+            job = Job(job_id, "training", "deepspeed", {"model_name": "m"}, 1)
+            job.state = JobState.RUNNING
+            for i in range(128):  # a full request-id ledger, as after 64 steps
+                remember_request(job.request_ids, f"fb:{i}", i, {"loss": 0.5, "tokens": 8192})
+            all_jobs.append(job)
+        job = all_jobs[0]
+        t0 = time.perf_counter()
+        for _ in range(calls):  # before: every call wrote the whole table
+            save_table(
+                run_dir, JobTable(next_job_id=count + 1, jobs=[j.record() for j in all_jobs])
+            )
+        snapshot_s = (time.perf_counter() - t0) / calls
+        journal = JobJournal(run_dir)
+        journal.compact(JobTable(next_job_id=count + 1, jobs=[j.record() for j in all_jobs]))
+        before = log_path(run_dir).stat().st_size
+        t0 = time.perf_counter()
+        for i in range(calls):  # now: one line for the job that changed
+            remember_request(job.request_ids, f"step:{i}", i, {"global_step": i + 1})
+            journal.append(job.record(), count + 1)
+        append_s = (time.perf_counter() - t0) / calls
+        out[str(count)] = {
+            "snapshot_s": snapshot_s,
+            "snapshot_bytes": state_path(run_dir).stat().st_size,
+            "append_s": append_s,
+            "append_bytes": (log_path(run_dir).stat().st_size - before) / calls,
+        }
+        journal.close()
+    return out
 
 
 def _workload(vocab: int, rows: int, tokens: int, prompt_len: int) -> tuple[list, dict, dict]:
@@ -123,6 +173,8 @@ def run(
         trainer.close()
     return {
         "workload": {"rows": rows, "tokens": tokens, "prompt_len": prompt_len},
+        "durability": durability(),
+        "load_average": os.getloadavg(),
         "method": "in-process and transport calls alternate, both engines alive (medians)",
         "transports": {
             name: {
@@ -149,6 +201,15 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{ratio:.3f}",
                 )
             )
+    for count, d in report.get("durability", {}).items():
+        out.append(
+            (
+                f"job-table write per fwd_bwd/step: log append vs whole table ({count} jobs)",
+                f"{d['append_s'] * 1000:.1f} ms, {d['append_bytes']:.0f} B vs "
+                f"{d['snapshot_s'] * 1000:.1f} ms, {d['snapshot_bytes']} B",
+                f"{d['append_s'] / d['snapshot_s']:.3f}",
+            )
+        )
     return out
 
 
