@@ -86,3 +86,21 @@ def test_the_app_has_exactly_one_route_per_operation(tmp_path):
 def test_build_app_refuses_a_non_positive_size_limit(tmp_path):
     with pytest.raises(ValueError, match="max_request_bytes"):
         build_app(RLServer(run_dir=tmp_path), "tok", max_request_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        ("WeightNormRequest", {"job_ids": [True]}),
+        ("JobRequest", {"job_id": False}),
+        ("SyncWeightsRequest", {"training_job_id": True}),
+        ("SyncWeightsRequest", {"training_job_id": 1, "sampling_job_ids": [True]}),
+    ],
+)
+def test_a_boolean_is_never_read_as_a_job_id(model, body):
+    from pydantic import ValidationError
+
+    from arctic_platform.rl import wire
+
+    with pytest.raises(ValidationError, match="not a boolean"):
+        getattr(wire, model).model_validate(body)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 JobType = Literal["training", "sampling", "log_prob"]
 JOB_TYPES: tuple[JobType, ...] = ("training", "sampling", "log_prob")
@@ -21,6 +28,17 @@ def describe_errors(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _not_a_bool(value: Any) -> Any:
+    """Refuse JSON ``true``/``false`` where a job id is meant (pydantic would read 1/0)."""
+    if isinstance(value, bool):
+        raise ValueError("a job id is an integer, not a boolean")
+    return value
+
+
+JobId = Annotated[int, Field(ge=0), BeforeValidator(_not_a_bool)]
+"""A job id: a non-negative integer (booleans refused)."""
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -35,7 +53,7 @@ class InitializeRequest(_Request):
 class JobRequest(_Request):
     """An operation on one job."""
 
-    job_id: int = Field(ge=0)
+    job_id: JobId
 
 
 class FwdBwdRequest(JobRequest):
@@ -126,9 +144,9 @@ def _distinct(ids: list[int]) -> list[int]:
 class SyncWeightsRequest(_Request):
     """Copy the training job's weights into sampling and log-prob jobs."""
 
-    training_job_id: int = Field(ge=0)
-    sampling_job_ids: list[int] = Field(default_factory=list, max_length=MAX_JOB_IDS)
-    log_prob_job_ids: list[int] = Field(default_factory=list, max_length=MAX_JOB_IDS)
+    training_job_id: JobId
+    sampling_job_ids: list[JobId] = Field(default_factory=list, max_length=MAX_JOB_IDS)
+    log_prob_job_ids: list[JobId] = Field(default_factory=list, max_length=MAX_JOB_IDS)
     strategy: str = Field(
         default="drain",
         max_length=32,
@@ -143,7 +161,7 @@ class SyncWeightsRequest(_Request):
 class WeightNormRequest(_Request):
     """L2 norms of the weights of the given jobs."""
 
-    job_ids: list[int] = Field(min_length=1, max_length=MAX_JOB_IDS)
+    job_ids: list[JobId] = Field(min_length=1, max_length=MAX_JOB_IDS)
 
     _distinct_ids = field_validator("job_ids")(_distinct)
 
