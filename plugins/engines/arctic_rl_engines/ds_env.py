@@ -15,19 +15,13 @@ from typing import Any
 
 from arctic_platform.rl.errors import EngineConfigError
 from arctic_platform.rl.interfaces import EngineContext
+from arctic_platform.rl.network import free_port
 
 logger = logging.getLogger(__name__)
 
 THREADS_ENV = "ARCTIC_RL_NUM_THREADS"
 DEFAULT_EXTENSIONS_DIR = Path("~/.cache/arctic_rl/torch_extensions")
 DIST_TIMEOUT_S = 600.0
-
-
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ensure_distributed_env(context: EngineContext | None = None) -> dict[str, str]:
@@ -58,7 +52,7 @@ def ensure_distributed_env(context: EngineContext | None = None) -> dict[str, st
         if not os.environ.get(key):
             os.environ[key] = set_now[key] = value
     if not os.environ.get("MASTER_PORT"):
-        os.environ["MASTER_PORT"] = set_now["MASTER_PORT"] = str(free_loopback_port())
+        os.environ["MASTER_PORT"] = set_now["MASTER_PORT"] = str(free_port("127.0.0.1"))
     if context is not None:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if (context.rank, context.world_size) != (rank, world):
