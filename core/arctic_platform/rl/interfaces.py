@@ -12,12 +12,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
+    import threading
+    from collections.abc import Mapping
+    from pathlib import Path
+
     import torch
 
     from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.losses import LossOutput
 
 
 @dataclass
@@ -155,3 +160,48 @@ class ClientTransport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class OperationHandler(Protocol):
+    """What a server transport serves: ``RLServer``, or anything with its two members."""
+
+    shutdown_requested: threading.Event
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        """Run operation ``name`` (a row of ``operations.OPERATIONS``) on ``payload``."""
+        ...
+
+
+class ServerTransport(Protocol):
+    """A ``TransportSpec.server_factory`` with ``network_address=True``.
+
+    Serves ``server`` on ``host:port`` (requests carry ``token`` when it is set) in the
+    calling thread, and returns once ``server.shutdown_requested`` is set.
+    """
+
+    def __call__(
+        self, server: OperationHandler, host: str, port: int, token: str | None
+    ) -> None: ...
+
+
+class HostingServerTransport(Protocol):
+    """A ``TransportSpec.server_factory`` with ``network_address=False``.
+
+    Creates and hosts the ``RLServer`` itself (e.g. in a Ray actor) for ``run_dir`` with the
+    server's keyword options (``num_gpus``, ``op_timeout``, ``resume``, ...), until shutdown.
+    """
+
+    def __call__(self, run_dir: Path, **options: Any) -> None: ...
+
+
+class LossFn(Protocol):
+    """A loss for ``fwd_bwd``, called once per micro-batch (see ``arctic_platform.rl.losses``).
+
+    ``log_probs`` is ``[B, T]`` with grad; ``batch`` holds ``[B, T]`` tensors and the global
+    ``num_tokens``/``num_seqs``. Returns a ``LossOutput`` or a per-token ``[B, T]`` tensor.
+    """
+
+    def __call__(
+        self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any
+    ) -> LossOutput | torch.Tensor: ...

@@ -15,8 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from arctic_platform.rl import __version__
-from arctic_platform.rl.errors import ArcticRLError, PayloadTooLargeError
+from arctic_platform.rl.api import ArcticRLError, PayloadTooLargeError, __version__
 from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES
 from arctic_rl_dss.models import (
     TOKEN_TYPE_HEADER,

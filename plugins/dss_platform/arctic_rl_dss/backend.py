@@ -12,9 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.interfaces import Backend
+from arctic_platform.rl.api import ArcticRLClientConfig, ArcticRLError, Backend
 from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES
 from arctic_rl_dss.transport import DssTransport, PollSettings
 

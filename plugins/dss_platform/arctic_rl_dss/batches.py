@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_platform.rl.protocol import PER_TOKEN_FIELDS, BatchError
+from arctic_platform.rl.api import PER_TOKEN_FIELDS, BatchError
 
 
 def _trim(name: str, value: Any, lengths: np.ndarray) -> Any:

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
-from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError
-from arctic_platform.rl.protocol import decode_frame, encode_frame
+from arctic_platform.rl.api import ArcticRLError, InvalidRequestError, decode_frame, encode_frame
 
 DEFAULT_CHUNK_BYTES = 60 * 1024 * 1024
 _HEADER_KEY = "arctic_rl_chunk"

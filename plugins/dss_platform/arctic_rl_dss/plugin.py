@@ -2,7 +2,7 @@
 
 from collections.abc import Iterator
 
-from arctic_platform.rl.plugins import BackendSpec, hookimpl
+from arctic_platform.rl.api import BackendSpec, hookimpl
 
 
 @hookimpl

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.network import is_loopback, listening_socket
+from arctic_platform.rl.api import ArcticRLError, is_loopback, listening_socket
 from arctic_rl_dss.users import Users
 
 logger = logging.getLogger(__name__)
@@ -40,8 +39,7 @@ def serve_platform(
     """Serve the platform API until SIGTERM/SIGINT; returns the process exit code."""
     import uvicorn
 
-    from arctic_platform.rl.run_dirs import arctic_home
-    from arctic_platform.rl.server import RLServer
+    from arctic_platform.rl.api import RLServer, arctic_home
     from arctic_rl_dss.app import build_app
     from arctic_rl_dss.service import PlatformService
     from arctic_rl_dss.store import Store

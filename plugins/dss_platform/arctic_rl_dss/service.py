@@ -23,14 +23,16 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from arctic_platform.rl.errors import (
+from arctic_platform.rl.api import (
     ArcticRLError,
     InvalidRequestError,
     JobNotFoundError,
     JobStateError,
+    decode_frame,
+    describe_errors,
+    encode_frame,
+    validate_batch,
 )
-from arctic_platform.rl.protocol import decode_frame, encode_frame, validate_batch
-from arctic_platform.rl.wire import describe_errors
 from arctic_rl_dss.batches import dense_to_rows
 from arctic_rl_dss.chunks import (
     ChunkAssembler,
@@ -842,7 +844,7 @@ class PlatformService:
         _job, sub = self._target(user, job_id, body, "log_prob", "log-probs")
         payload = dict(_b64_payload(body.payload))
         payload["job_id"] = sub.engine_id
-        from arctic_platform.rl.wire import LogProbsRequest
+        from arctic_platform.rl.api import LogProbsRequest
 
         _validated(LogProbsRequest, payload, "log-probs payload")
         return self._submit(user, job_id, "log-probs", lambda: self.rl.handle("log_probs", payload))

@@ -21,9 +21,14 @@ from typing import Any
 
 import httpx
 
-from arctic_platform.rl.errors import OperationTimeoutError, ServerError, TransportError
-from arctic_platform.rl.interfaces import ClientTransport
-from arctic_platform.rl.protocol import decode_frame, encode_frame
+from arctic_platform.rl.api import (
+    ClientTransport,
+    OperationTimeoutError,
+    ServerError,
+    TransportError,
+    decode_frame,
+    encode_frame,
+)
 from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES, encode_chunks
 from arctic_rl_dss.models import CORE_TO_WIRE, TOKEN_TYPE, TOKEN_TYPE_HEADER, WIRE_TO_CORE
 

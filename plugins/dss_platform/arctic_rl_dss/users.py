@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import ArcticRLError, AuthError
+from arctic_platform.rl.api import ArcticRLError, AuthError
 from arctic_rl_dss.models import TOKEN_TYPE, TOKEN_TYPE_HEADER
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,13 @@ import gc
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import InvalidRequestError
-from arctic_platform.rl.interfaces import EngineContext, LogProbEngine
-from arctic_platform.rl.protocol import BatchError, validate_batch
+from arctic_platform.rl.api import (
+    BatchError,
+    EngineContext,
+    InvalidRequestError,
+    LogProbEngine,
+    validate_batch,
+)
 from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
 from arctic_rl_engines.ds_config import forward_setup
 from arctic_rl_engines.logprobs import rows_log_probs
@@ -22,7 +26,7 @@ from arctic_rl_engines.logprobs import rows_log_probs
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.api import ArcticRLClientConfig
 
 SLEEP_UNSUPPORTED = (
     "sleep/wake are not implemented for the DeepSpeed log-prob engine: weights stay in memory"

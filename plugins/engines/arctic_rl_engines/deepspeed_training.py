@@ -16,9 +16,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import CheckpointError, EngineError, InvalidRequestError
-from arctic_platform.rl.interfaces import EngineContext, TrainingEngine
-from arctic_platform.rl.protocol import BatchError, validate_batch
+from arctic_platform.rl.api import (
+    BatchError,
+    CheckpointError,
+    EngineContext,
+    EngineError,
+    InvalidRequestError,
+    TrainingEngine,
+    validate_batch,
+)
 from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
 from arctic_rl_engines.ds_config import (
     build_optimizer,
@@ -32,7 +38,7 @@ from arctic_rl_engines.microbatch import DUMMY, pad_rows, plan
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.api import ArcticRLClientConfig
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +149,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         return validate_batch(batch, vocab_size=self._vocab, max_length=self._max_len)
 
     def _loss(self, name: str, loss_config: Mapping[str, Any] | None) -> tuple[Any, dict]:
-        from arctic_platform.rl.plugins import get_registry
+        from arctic_platform.rl.api import get_registry
 
         fn = self._losses.get(name)
         if fn is None:
@@ -194,7 +200,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
 
         import torch
 
-        from arctic_platform.rl.losses import LossOutput, aggregate
+        from arctic_platform.rl.api import LossOutput, aggregate
 
         clean = self._validate(batch)
         fn, cfg = self._loss(loss_fn, loss_config)

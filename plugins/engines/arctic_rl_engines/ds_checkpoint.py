@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import (
+from arctic_platform.rl.api import (
     CheckpointError,
     CheckpointNotFoundError,
     EngineConfigError,

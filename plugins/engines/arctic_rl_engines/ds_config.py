@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.config import OptimizerConfig, TrainingConfig
-from arctic_platform.rl.errors import EngineConfigError
+from arctic_platform.rl.api import EngineConfigError, OptimizerConfig, TrainingConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -13,9 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import EngineConfigError
-from arctic_platform.rl.interfaces import EngineContext
-from arctic_platform.rl.network import free_port
+from arctic_platform.rl.api import EngineConfigError, EngineContext, free_port
 
 logger = logging.getLogger(__name__)
 

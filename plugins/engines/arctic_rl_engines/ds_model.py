@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import EngineError
+from arctic_platform.rl.api import EngineError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

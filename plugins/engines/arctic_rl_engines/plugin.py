@@ -1,6 +1,6 @@
 """Registers the built-in engines."""
 
-from arctic_platform.rl.plugins import EngineSpec, hookimpl
+from arctic_platform.rl.api import EngineSpec, hookimpl
 
 
 @hookimpl

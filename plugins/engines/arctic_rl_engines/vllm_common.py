@@ -21,13 +21,18 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import EngineError, InvalidRequestError, MissingDependencyError
-from arctic_platform.rl.interfaces import Engine, EngineContext
+from arctic_platform.rl.api import (
+    Engine,
+    EngineContext,
+    EngineError,
+    InvalidRequestError,
+    MissingDependencyError,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.api import ArcticRLClientConfig
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +86,7 @@ def prepare_environment(config: ArcticRLClientConfig, *, cuda: bool) -> dict[str
     Arctic RL cache, ``HF_HUB_OFFLINE=1`` for a local model path, and on CPU the in-process
     engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: starts in seconds, no spawned processes).
     """
-    from arctic_platform.rl.run_dirs import arctic_home
+    from arctic_platform.rl.api import arctic_home
 
     wanted = {
         "VLLM_NO_USAGE_STATS": "1",

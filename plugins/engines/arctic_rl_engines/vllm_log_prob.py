@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import InvalidRequestError
-from arctic_platform.rl.interfaces import EngineContext, LogProbEngine
+from arctic_platform.rl.api import EngineContext, InvalidRequestError, LogProbEngine
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
 from arctic_rl_engines.vllm_sampling import top_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.api import ArcticRLClientConfig
 
 
 class VLLMLogProbEngine(VLLMEngine, LogProbEngine):

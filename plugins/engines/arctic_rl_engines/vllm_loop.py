@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arctic_platform.rl.errors import EngineError
+from arctic_platform.rl.api import EngineError
 
 logger = logging.getLogger(__name__)
 

@@ -9,15 +9,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import InvalidRequestError
-from arctic_platform.rl.interfaces import EngineContext, SamplingEngine
+from arctic_platform.rl.api import EngineContext, InvalidRequestError, SamplingEngine
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
 from arctic_rl_engines.vllm_loop import GenerationLoop
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from arctic_platform.rl.config import ArcticRLClientConfig
+    from arctic_platform.rl.api import ArcticRLClientConfig
 
 
 MAX_N = 4096
@@ -365,7 +364,7 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         (``weight_version_spans``). Either way no cached prefix from old weights survives.
         ``version`` labels the new weights (default: the current one + 1).
         """
-        from arctic_platform.rl.weight_sync.strategy import check_strategy
+        from arctic_platform.rl.api import check_strategy
 
         check_strategy(strategy)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):

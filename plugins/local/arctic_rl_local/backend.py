@@ -19,12 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.errors import ArcticRLError, ServerError
-from arctic_platform.rl.interfaces import Backend, ClientTransport
-from arctic_platform.rl.plugins import get_registry
-from arctic_platform.rl.run_dirs import read_or_create_token, server_run_dir
-from arctic_platform.rl.server.job_table import state_path
+from arctic_platform.rl.api import (
+    ArcticRLClientConfig,
+    ArcticRLError,
+    Backend,
+    ClientTransport,
+    ServerError,
+    get_registry,
+    read_or_create_token,
+    server_run_dir,
+    state_path,
+)
 
 logger = logging.getLogger(__name__)
 

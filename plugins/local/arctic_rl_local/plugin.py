@@ -1,6 +1,6 @@
 """Registers the ``local`` backend."""
 
-from arctic_platform.rl.plugins import BackendSpec, hookimpl
+from arctic_platform.rl.api import BackendSpec, hookimpl
 
 
 @hookimpl

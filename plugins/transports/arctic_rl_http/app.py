@@ -20,16 +20,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from arctic_platform.rl import __version__
-from arctic_platform.rl.errors import (
+from arctic_platform.rl.api import (
+    FRAME_CONTENT_TYPE,
+    OPERATIONS,
     ArcticRLError,
     AuthError,
     InvalidRequestError,
+    Operation,
     PayloadTooLargeError,
+    RLServer,
+    __version__,
+    decode_frame,
+    encode_frame,
 )
-from arctic_platform.rl.operations import OPERATIONS, Operation
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame, encode_frame
-from arctic_platform.rl.server.rl_server import RLServer
 
 logger = logging.getLogger(__name__)
 

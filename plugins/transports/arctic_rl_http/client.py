@@ -10,10 +10,16 @@ from typing import Any
 
 import httpx
 
-from arctic_platform.rl.errors import ServerError, TransportError
-from arctic_platform.rl.interfaces import ClientTransport
-from arctic_platform.rl.operations import BY_NAME, Operation
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame, encode_frame
+from arctic_platform.rl.api import (
+    BY_NAME,
+    FRAME_CONTENT_TYPE,
+    ClientTransport,
+    Operation,
+    ServerError,
+    TransportError,
+    decode_frame,
+    encode_frame,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document the server serves at /openapi.json (no Ray, no jobs needed)."""
-    from arctic_platform.rl.server import RLServer
+    from arctic_platform.rl.api import RLServer
     from arctic_rl_http.app import build_app
 
     with tempfile.TemporaryDirectory() as run_dir:

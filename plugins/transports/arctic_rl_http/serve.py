@@ -7,9 +7,7 @@ import logging
 import socket
 import threading
 
-from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.network import is_loopback, listening_socket
-from arctic_platform.rl.server.rl_server import RLServer
+from arctic_platform.rl.api import ArcticRLError, RLServer, is_loopback, listening_socket
 from arctic_rl_http.app import DEFAULT_MAX_REQUEST_BYTES, build_app
 
 logger = logging.getLogger(__name__)

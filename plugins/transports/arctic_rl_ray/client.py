@@ -11,8 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import ArcticRLError, ServerError, TransportError
-from arctic_platform.rl.interfaces import ClientTransport
+from arctic_platform.rl.api import ArcticRLError, ClientTransport, ServerError, TransportError
 from arctic_rl_ray.server import ACTOR_NAME, ADDRESS_FILE, NAMESPACE
 
 
@@ -49,7 +48,7 @@ class RayTransport(ClientTransport):
                 f"no Ray cluster answers at {address} (from {self.run_dir / ADDRESS_FILE}); "
                 "the server is down or still starting"
             )
-        from arctic_platform.rl.server.ray_cluster import (
+        from arctic_platform.rl.api import (
             driver_node_address,
             is_loopback_address,
             prepare_ray,

@@ -1,6 +1,6 @@
 """Registers the ``ray`` transport."""
 
-from arctic_platform.rl.plugins import TransportSpec, hookimpl
+from arctic_platform.rl.api import TransportSpec, hookimpl
 
 
 @hookimpl

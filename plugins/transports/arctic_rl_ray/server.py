@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.run_dirs import write_private
+from arctic_platform.rl.api import ArcticRLError, write_private
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +25,7 @@ class RLServerActor:
     """Hosts one ``RLServer``; ``handle`` is the whole operation surface."""
 
     def __init__(self, run_dir: str, options: dict[str, Any]) -> None:
-        from arctic_platform.rl.server import RLServer
+        from arctic_platform.rl.api import RLServer
 
         logging.basicConfig(level=logging.INFO)
         self.server = RLServer(run_dir, **options).start()
@@ -60,7 +59,7 @@ def serve(
 
     With ``resume`` the server brings back the jobs of its job table in ``run_dir``.
     """
-    from arctic_platform.rl.server.ray_cluster import start_or_attach
+    from arctic_platform.rl.api import start_or_attach
 
     (run_dir / ADDRESS_FILE).unlink(missing_ok=True)  # a crashed server's address is stale
     # start_or_attach sets Ray's environment (loopback only) before Ray is first imported

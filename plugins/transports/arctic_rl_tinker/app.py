@@ -20,8 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from arctic_platform.rl import __version__
-from arctic_platform.rl.errors import ArcticRLError, AuthError, InvalidRequestError
+from arctic_platform.rl.api import ArcticRLError, AuthError, InvalidRequestError, __version__
 from arctic_rl_tinker.frontend import TinkerFrontend
 from arctic_rl_tinker.futures import Future
 

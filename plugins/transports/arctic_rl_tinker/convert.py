@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_platform.rl.errors import InvalidRequestError
+from arctic_platform.rl.api import InvalidRequestError
 
 KNOWN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
 """``loss_fn_inputs`` this front-end maps; any other key is refused (400)."""

@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobError
-from arctic_platform.rl.server.rl_server import RLServer
+from arctic_platform.rl.api import ArcticRLError, InvalidRequestError, JobError, RLServer
 from arctic_rl_tinker import convert
 from arctic_rl_tinker.futures import Future, Futures, Lane, Outcome, failure, run_into
 from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
@@ -215,7 +214,7 @@ class TinkerFrontend:
     # --- models -----------------------------------------------------------------------
 
     def _job_config(self, base_model: str) -> dict[str, Any]:
-        from arctic_platform.rl.config import ArcticRLClientConfig
+        from arctic_platform.rl.api import ArcticRLClientConfig
 
         config = ArcticRLClientConfig(
             model_name=base_model,

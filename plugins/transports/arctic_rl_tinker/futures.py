@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.api import ArcticRLError
 
 logger = logging.getLogger(__name__)
 

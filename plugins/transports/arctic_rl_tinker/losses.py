@@ -23,9 +23,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import LossConfigError
-from arctic_platform.rl.losses import LossOutput
-from arctic_platform.rl.plugins import LossSpec
+from arctic_platform.rl.api import LossConfigError, LossOutput, LossSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -1,6 +1,6 @@
 """Registers the ``tinker`` transport and Tinker's losses (``tinker.cross_entropy``, ...)."""
 
-from arctic_platform.rl.plugins import TransportSpec, hookimpl
+from arctic_platform.rl.api import TransportSpec, hookimpl
 
 
 @hookimpl

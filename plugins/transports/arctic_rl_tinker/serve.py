@@ -6,9 +6,7 @@ import contextlib
 import logging
 import threading
 
-from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.network import is_loopback, listening_socket
-from arctic_platform.rl.server.rl_server import RLServer
+from arctic_platform.rl.api import ArcticRLError, RLServer, is_loopback, listening_socket
 from arctic_rl_tinker.app import build_app
 from arctic_rl_tinker.frontend import TinkerFrontend
 

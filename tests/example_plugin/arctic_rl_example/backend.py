@@ -1,7 +1,6 @@
 """An attach-only backend: reach a server that someone else started."""
 
-from arctic_platform.rl.interfaces import Backend
-from arctic_platform.rl.plugins import get_registry
+from arctic_platform.rl.api import Backend, get_registry
 
 
 class AttachOnlyBackend(Backend):

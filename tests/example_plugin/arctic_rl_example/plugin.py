@@ -1,6 +1,6 @@
 """Hook implementations: what this package adds to Arctic RL."""
 
-from arctic_platform.rl.plugins import BackendSpec, LossSpec, hookimpl
+from arctic_platform.rl.api import BackendSpec, LossSpec, hookimpl
 
 
 @hookimpl

@@ -1,0 +1,229 @@
+"""The plugin API: the one module of core that a plugin imports.
+
+Everything a backend, transport, engine or loss plugin needs from core is re-exported here:
+the hook marker and spec types, the interfaces and protocols, the config models, the errors,
+the wire models and operations table, the frame codec and batch checks, and a few helpers.
+Core's own modules stay where they are; the rest of core is private to plugins
+(``tests/unit/test_plugin_contract.py`` fails when a plugin imports anything else of it).
+
+Importing this module does not import torch, ray, vllm, deepspeed or fastapi. The server-side
+names (``RLServer`` and the Ray-cluster helpers) are imported when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from arctic_platform.rl import __version__
+from arctic_platform.rl.config import (
+    ArcticRLClientConfig,
+    MicroBatchSpec,
+    OptimizerConfig,
+    TrainingConfig,
+    WeightSyncConfig,
+)
+from arctic_platform.rl.errors import (
+    ArcticRLError,
+    AuthError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    DuplicatePluginError,
+    EngineConfigError,
+    EngineError,
+    InvalidRequestError,
+    JobError,
+    JobNotFoundError,
+    JobStateError,
+    LossConfigError,
+    MissingDependencyError,
+    NotImplementedInThisVersion,
+    OperationTimeoutError,
+    PayloadTooLargeError,
+    PluginError,
+    ServerError,
+    TransportError,
+    UnknownPluginError,
+    WorkerDiedError,
+)
+from arctic_platform.rl.interfaces import (
+    Backend,
+    ClientTransport,
+    Engine,
+    EngineContext,
+    HostingServerTransport,
+    LogProbEngine,
+    LossFn,
+    OperationHandler,
+    SamplingEngine,
+    ServerTransport,
+    TrainingEngine,
+)
+from arctic_platform.rl.losses import LossOutput, aggregate
+from arctic_platform.rl.network import free_port, is_loopback, listening_socket
+from arctic_platform.rl.operations import BY_NAME, OPERATIONS, Operation
+from arctic_platform.rl.plugins import (
+    ENGINE_ROLES,
+    BackendSpec,
+    EngineSpec,
+    LossSpec,
+    TransportSpec,
+    get_registry,
+    hookimpl,
+    not_implemented_yet,
+)
+from arctic_platform.rl.protocol import (
+    FRAME_CONTENT_TYPE,
+    PER_TOKEN_FIELDS,
+    BatchError,
+    FrameError,
+    decode_frame,
+    encode_frame,
+    validate_batch,
+)
+from arctic_platform.rl.run_dirs import (
+    arctic_home,
+    read_or_create_token,
+    server_run_dir,
+    write_private,
+)
+from arctic_platform.rl.weight_sync.strategy import check_strategy
+from arctic_platform.rl.wire import (
+    EmptyRequest,
+    FwdBwdRequest,
+    FwdNoGradRequest,
+    GenerateRequest,
+    InitializeRequest,
+    JobRequest,
+    LoadCheckpointRequest,
+    LogProbsRequest,
+    SaveCheckpointRequest,
+    SleepRequest,
+    StepRequest,
+    SyncWeightsRequest,
+    WeightNormRequest,
+    describe_errors,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from arctic_platform.rl.server.job_table import state_path
+    from arctic_platform.rl.server.ray_cluster import (
+        driver_node_address,
+        is_loopback_address,
+        prepare_ray,
+        start_or_attach,
+    )
+    from arctic_platform.rl.server.rl_server import RLServer
+
+_LAZY = {
+    "RLServer": "arctic_platform.rl.server.rl_server",
+    "state_path": "arctic_platform.rl.server.job_table",
+    "driver_node_address": "arctic_platform.rl.server.ray_cluster",
+    "is_loopback_address": "arctic_platform.rl.server.ray_cluster",
+    "prepare_ray": "arctic_platform.rl.server.ray_cluster",
+    "start_or_attach": "arctic_platform.rl.server.ray_cluster",
+}
+
+__all__ = [
+    "BY_NAME",
+    "ENGINE_ROLES",
+    "FRAME_CONTENT_TYPE",
+    "OPERATIONS",
+    "PER_TOKEN_FIELDS",
+    "ArcticRLClientConfig",
+    "ArcticRLError",
+    "AuthError",
+    "Backend",
+    "BackendSpec",
+    "BatchError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "ClientTransport",
+    "DuplicatePluginError",
+    "EmptyRequest",
+    "Engine",
+    "EngineConfigError",
+    "EngineContext",
+    "EngineError",
+    "EngineSpec",
+    "FrameError",
+    "FwdBwdRequest",
+    "FwdNoGradRequest",
+    "GenerateRequest",
+    "HostingServerTransport",
+    "InitializeRequest",
+    "InvalidRequestError",
+    "JobError",
+    "JobNotFoundError",
+    "JobRequest",
+    "JobStateError",
+    "LoadCheckpointRequest",
+    "LogProbEngine",
+    "LogProbsRequest",
+    "LossConfigError",
+    "LossFn",
+    "LossOutput",
+    "LossSpec",
+    "MicroBatchSpec",
+    "MissingDependencyError",
+    "NotImplementedInThisVersion",
+    "Operation",
+    "OperationHandler",
+    "OperationTimeoutError",
+    "OptimizerConfig",
+    "PayloadTooLargeError",
+    "PluginError",
+    "RLServer",
+    "SamplingEngine",
+    "SaveCheckpointRequest",
+    "ServerError",
+    "ServerTransport",
+    "SleepRequest",
+    "StepRequest",
+    "SyncWeightsRequest",
+    "TrainingConfig",
+    "TrainingEngine",
+    "TransportError",
+    "TransportSpec",
+    "UnknownPluginError",
+    "WeightNormRequest",
+    "WeightSyncConfig",
+    "WorkerDiedError",
+    "__version__",
+    "aggregate",
+    "arctic_home",
+    "check_strategy",
+    "decode_frame",
+    "describe_errors",
+    "driver_node_address",
+    "encode_frame",
+    "free_port",
+    "get_registry",
+    "hookimpl",
+    "is_loopback",
+    "is_loopback_address",
+    "listening_socket",
+    "not_implemented_yet",
+    "prepare_ray",
+    "read_or_create_token",
+    "server_run_dir",
+    "start_or_attach",
+    "state_path",
+    "validate_batch",
+    "write_private",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the server-side names of ``__all__`` when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazy ones included."""
+    return sorted({*globals(), *_LAZY})
