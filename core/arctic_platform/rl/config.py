@@ -322,17 +322,18 @@ class ArcticRLClientConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_gpus_and_derive_address(self) -> ArcticRLClientConfig:
-        if self.backend == "local" and not self.reconnect_mode:
+        from arctic_platform.rl.plugins.registry import get_registry
+
+        needs_gpus = get_registry().get("backend", self.backend).needs_gpus
+        if needs_gpus and not self.reconnect_mode:
             counts = (self.training_gpus, self.sampling_gpus, self.log_prob_gpus)
             if not any(c > 0 for c in counts):
                 raise ValueError(
-                    "backend='local' needs at least one of training_gpus, sampling_gpus or "
-                    "log_prob_gpus > 0 (all are 0); set the GPUs each job should get, or set "
-                    "training_job_id / sampling_job_id / log_prob_job_id to reconnect to "
-                    "running jobs"
+                    f"backend={self.backend!r} needs at least one of training_gpus, "
+                    "sampling_gpus or log_prob_gpus > 0 (all are 0); set the GPUs each job "
+                    "should get, or set training_job_id / sampling_job_id / log_prob_job_id to "
+                    "reconnect to running jobs"
                 )
-        from arctic_platform.rl.plugins.registry import get_registry
-
         transport = get_registry().get("transport", self.comm_protocol)
         if transport.network_address:
             if self.host is None:

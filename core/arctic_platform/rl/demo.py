@@ -249,13 +249,16 @@ def run_demo(settings: DemoSettings) -> dict[str, Any]:
 
 def _config(settings: DemoSettings, model: Path) -> Any:
     from arctic_platform.rl.config import ArcticRLClientConfig
-    from arctic_platform.rl.server.jobs import free_port
+    from arctic_platform.rl.network import LOOPBACK, free_port
+    from arctic_platform.rl.plugins import get_registry
 
+    # a transport on host:port gets loopback and a free port, so two demos never collide
+    network = get_registry().get("transport", settings.transport).network_address
     return ArcticRLClientConfig(
         model_name=str(model),
         comm_protocol=settings.transport,
-        host="127.0.0.1" if settings.transport == "http" else None,
-        port=free_port() if settings.transport == "http" else None,
+        host=LOOPBACK if network else None,
+        port=free_port() if network else None,
         training_gpus=1,
         sampling_gpus=1,
         log_prob_gpus=0,

@@ -1,6 +1,10 @@
 """Registers the built-in engines."""
 
 from arctic_platform.rl.api import EngineSpec, hookimpl
+from arctic_rl_engines.ds_model import HF_EXPORT_DIR
+
+SAMPLING_CONCURRENCY = 256
+"""Calls a vLLM sampling worker accepts at once; its request loop batches them."""
 
 
 @hookimpl
@@ -10,6 +14,7 @@ def arctic_rl_register_engines():  # type: ignore[no-untyped-def]
         name="deepspeed",
         role="training",
         factory="arctic_rl_engines.deepspeed_training:DeepSpeedTrainingEngine",
+        hf_export_dir=HF_EXPORT_DIR,
         description="DeepSpeed ZeRO 0-3 training (forward/backward, step, checkpoints)",
     )
     yield EngineSpec(
@@ -22,6 +27,7 @@ def arctic_rl_register_engines():  # type: ignore[no-untyped-def]
         name="vllm",
         role="sampling",
         factory="arctic_rl_engines.vllm_sampling:VLLMSamplingEngine",
+        max_concurrency=SAMPLING_CONCURRENCY,
         description="vLLM generation with in-place weight updates",
     )
     yield EngineSpec(

@@ -5,7 +5,7 @@ It implements any of the hooks below, each returning typed spec objects. A compl
 third-party plugin, installed with an entry point alone::
 
     # my_backend/plugin.py
-    from arctic_platform.rl.plugins import BackendSpec, LossSpec, hookimpl
+    from arctic_platform.rl.api import BackendSpec, LossSpec, hookimpl
 
     @hookimpl
     def arctic_rl_register_backends():
@@ -50,7 +50,7 @@ class ArcticRLHookSpecs:
 
             @hookimpl
             def arctic_rl_register_backends():
-                yield BackendSpec(name="local", factory="arctic_rl_local.backend:LocalBackend")
+                yield BackendSpec(name="mine", factory="my_plugin.backend:MyBackend")
         """
 
     @hookspec

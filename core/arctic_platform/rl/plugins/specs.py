@@ -82,9 +82,12 @@ class BackendSpec(_Spec):
 
     ``server_factory``, when set, runs the platform server this backend talks to
     (``arctic-rl platform serve --backend NAME``); it is called with keyword arguments.
+    ``needs_gpus``: a config for this backend that creates jobs must give at least one job
+    GPUs (checked when the config is built; a reconnecting config creates nothing).
     """
 
     server_factory: Any = None
+    needs_gpus: bool = False
 
     def load_server(self) -> Any:
         """The platform-server factory, importing it when it is a lazy string."""
@@ -115,15 +118,28 @@ class TransportSpec(_Spec):
 
 @dataclass(frozen=True)
 class EngineSpec(_Spec):
-    """An engine for one job role: ``training``, ``sampling`` or ``log_prob``."""
+    """An engine for one job role: ``training``, ``sampling`` or ``log_prob``.
+
+    ``max_concurrency``: calls one worker of this engine accepts at once (an engine whose
+    request loop batches concurrent calls asks for many). ``hf_export_dir`` (training
+    engines): the subdirectory of a saved checkpoint that holds a Hugging Face export, which
+    a restarted sampling or log-prob job loads; None when the engine writes none.
+    """
 
     role: EngineRole = "training"
+    max_concurrency: int = 4
+    hf_export_dir: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.role not in ENGINE_ROLES:
             raise PluginError(
                 f"EngineSpec {self.name!r}: role {self.role!r} is not one of {list(ENGINE_ROLES)}"
+            )
+        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
+            raise PluginError(
+                f"EngineSpec {self.name!r}: max_concurrency must be a positive integer, got "
+                f"{self.max_concurrency!r}"
             )
 
 

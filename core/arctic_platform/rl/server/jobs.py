@@ -37,12 +37,14 @@ from arctic_platform.rl.server.job_table import (
 
 logger = logging.getLogger(__name__)
 
-SAMPLING_CONCURRENCY = 256
-"""Calls a sampling worker accepts at once (its engine batches them); other roles take 4."""
 COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
-HF_EXPORT_DIR = "hf"
-"""Where a training checkpoint keeps its Hugging Face export (the deepspeed engine's layout);
-a restarted sampling or log-prob job loads it when it holds a ``config.json``."""
+
+
+def _engine_spec(engine: str, job_type: str) -> Any:
+    """The registered ``EngineSpec`` of a job: its plugin facts (concurrency, export layout)."""
+    from arctic_platform.rl.plugins import get_registry
+
+    return get_registry().get("engine", engine, role=job_type)
 
 
 class JobState(StrEnum):
@@ -433,7 +435,11 @@ class JobManager:
             return {}
         trainer = self.jobs.get(job.synced_from) if job.synced_from is not None else None
         checkpoint = trainer.latest_checkpoint if trainer is not None else None
-        export = Path(checkpoint) / HF_EXPORT_DIR if checkpoint else None
+        # the training engine says where its checkpoints keep a Hugging Face export, if any
+        export_dir = (
+            _engine_spec(trainer.engine, "training").hf_export_dir if trainer is not None else None
+        )
+        export = Path(checkpoint) / export_dir if checkpoint and export_dir else None
         if export is not None and (export / "config.json").is_file():
             job.weight_version += 1
             job.weights_from = (
@@ -591,8 +597,9 @@ class JobManager:
                 worker = remote_cls.options(
                     num_cpus=0,
                     num_gpus=fraction,
-                    # sampling calls meet in the engine's request loop and share batches
-                    max_concurrency=SAMPLING_CONCURRENCY if job.job_type == "sampling" else 4,
+                    # the engine says how many calls it takes at once (a request loop that
+                    # batches concurrent generates takes many)
+                    max_concurrency=_engine_spec(job.engine, job.job_type).max_concurrency,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=index
                     ),
