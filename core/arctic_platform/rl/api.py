@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl import __version__
+from arctic_platform.rl.batch import Batch, BatchLimits
 from arctic_platform.rl.config import (
     ArcticRLClientConfig,
     MicroBatchSpec,
@@ -135,7 +136,9 @@ __all__ = [
     "AuthError",
     "Backend",
     "BackendSpec",
+    "Batch",
     "BatchError",
+    "BatchLimits",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ClientTransport",

@@ -3,8 +3,8 @@
 Engines are built by their spec's factory as ``factory(config, context)`` where ``config``
 is the job's ``ArcticRLClientConfig`` and ``context`` an ``EngineContext``; the caller sets
 the distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) first.
-Tensors cross these interfaces as torch tensors; batches as the plain ``Batch`` dicts of
-``arctic_platform.rl.protocol``.
+Tensors cross these interfaces as torch tensors; training batches as one ``Batch``
+(``arctic_platform.rl.batch``), built and checked at the transport edge, shared by all ranks.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import torch
 
+    from arctic_platform.rl.batch import Batch, BatchLimits
     from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.losses import LossOutput
 
@@ -44,6 +45,11 @@ class Engine(ABC):
     def weight_norm(self) -> float:
         """L2 norm over all weights (float64 accumulation), to compare engines after a sync."""
 
+    def batch_limits(self) -> BatchLimits | None:
+        """The limits a batch must keep here (vocabulary, context); the server checks them
+        once per request. None: none are checked."""
+        return None
+
     def sleep(self, level: int = 1) -> dict[str, Any]:
         """Release device memory; returns what was done (``{"supported": False}`` if nothing)."""
         return {"supported": False, "reason": "sleep is not supported by this engine"}
@@ -62,7 +68,7 @@ class TrainingEngine(Engine):
     @abstractmethod
     def fwd_bwd(
         self,
-        batch: dict[str, Any],
+        batch: Batch,
         loss_fn: str = "grpo",
         loss_config: dict[str, Any] | None = None,
     ) -> dict[str, float]:
@@ -70,12 +76,12 @@ class TrainingEngine(Engine):
 
         Returns metrics as ``{name}.sum``/``{name}.tokens`` pairs plus their ratios. The server
         may also pass ``return_log_probs=True`` (answer ``log_probs`` per row) and
-        ``forward_only=True`` (no gradient); an engine without them refuses such calls."""
+        ``forward_only=True`` (no gradient); an engine without them refuses such calls.
+        ``batch`` is checked against ``batch_limits``; a caller in-process may pass a dict of
+        fields, which ``Batch.build`` turns into one."""
 
     @abstractmethod
-    def fwd_no_grad(
-        self, batch: dict[str, Any], reference_model: bool = False
-    ) -> list[list[float]]:
+    def fwd_no_grad(self, batch: Batch, reference_model: bool = False) -> list[list[float]]:
         """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0)."""
 
     @abstractmethod

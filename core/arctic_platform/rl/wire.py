@@ -9,9 +9,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     ValidationError,
+    WithJsonSchema,
     field_validator,
 )
+
+from arctic_platform.rl.batch import Batch
 
 JobType = Literal["training", "sampling", "log_prob"]
 JOB_TYPES: tuple[JobType, ...] = ("training", "sampling", "log_prob")
@@ -39,8 +44,18 @@ JobId = Annotated[int, Field(ge=0), BeforeValidator(_not_a_bool)]
 """A job id: a non-negative integer (booleans refused)."""
 
 
+BatchField = Annotated[
+    Batch,
+    PlainValidator(Batch.build),
+    PlainSerializer(lambda batch: batch.to_lists(), return_type=dict[str, Any]),
+    WithJsonSchema({"additionalProperties": True, "title": "Batch", "type": "object"}),
+]
+"""A request's batch: lists of rows or dense arrays with an ``attention_mask``, built into a
+``Batch`` (structure checked) as the request is read; the job's limits are checked later."""
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 
 class InitializeRequest(_Request):
@@ -59,7 +74,7 @@ class JobRequest(_Request):
 class FwdBwdRequest(JobRequest):
     """Forward/backward of ``loss_fn`` over ``batch``; ``request_id`` makes a retry safe."""
 
-    batch: dict[str, Any]
+    batch: BatchField
     loss_fn: str = "grpo"
     loss_config: dict[str, Any] | None = None
     request_id: str | None = Field(default=None, max_length=128)
@@ -74,7 +89,7 @@ class FwdBwdRequest(JobRequest):
 class FwdNoGradRequest(JobRequest):
     """Per-token log-probs of ``batch`` from the training (or reference) model."""
 
-    batch: dict[str, Any]
+    batch: BatchField
     reference_model: bool = False
 
 
