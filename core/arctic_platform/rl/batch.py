@@ -133,6 +133,9 @@ class Batch:
         if "input_ids" not in given:
             raise BatchError("batch has no 'input_ids'")
         shape, ids = _token_ids(given["input_ids"], given.pop("attention_mask", None))
+        if limits is not None:  # the tokens' own limits before how other fields fit them
+            _check_ids("input_ids", ids, shape, limits.vocab_size)
+            _check_length(shape.lengths, limits.max_length)
         fields: dict[str, np.ndarray] = {"input_ids": ids}
         if "target_tokens" in given:
             targets = _per_token("target_tokens", given["target_tokens"], shape, integer=True)
@@ -159,14 +162,7 @@ class Batch:
         for name in TOKEN_FIELDS:
             if name in self._fields:
                 _check_ids(name, self._fields[name], shape, limits.vocab_size)
-        if limits.max_length is not None and self.num_rows:
-            longest = int(np.argmax(self.lengths))
-            if int(self.lengths[longest]) > limits.max_length:
-                first = int(np.flatnonzero(self.lengths > limits.max_length)[0])
-                raise BatchError(
-                    f"input_ids[{first}] has {int(self.lengths[first])} tokens, more than the "
-                    f"model's context {limits.max_length}"
-                )
+        _check_length(self.lengths, limits.max_length)
         self._checked = limits
         return self
 
@@ -422,6 +418,17 @@ def _check_ids(name: str, flat: np.ndarray, shape: _Shape, vocab_size: int | Non
             f"{name}[{shape.row_of(at)}] holds token id {int(flat[at])} outside the vocabulary "
             f"[0, {vocab_size if vocab_size is not None else 'inf'})"
         )
+
+
+def _check_length(lengths: np.ndarray, max_length: int | None) -> None:
+    """Every row at most ``max_length`` tokens long."""
+    if max_length is None or not lengths.size or int(lengths.max()) <= max_length:
+        return
+    first = int(np.flatnonzero(lengths > max_length)[0])
+    raise BatchError(
+        f"input_ids[{first}] has {int(lengths[first])} tokens, more than the model's context "
+        f"{max_length}"
+    )
 
 
 def _per_token(name: str, value: Any, shape: _Shape, *, integer: bool) -> np.ndarray:
