@@ -11,9 +11,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from arctic_platform.rl import api
+from arctic_platform.rl.operations import OPERATIONS
 from arctic_platform.rl.plugins import get_registry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -229,3 +234,233 @@ def test_the_plugin_facts_core_used_to_know_by_name_are_spec_fields():
     assert registry.get("engine", "vllm", role="sampling").max_concurrency > 4
     assert registry.get("engine", "deepspeed", role="training").max_concurrency == 4
     assert registry.get("engine", "deepspeed", role="training").hf_export_dir == "hf"
+
+
+# --- (c) every transport and backend serves every operation --------------------------------
+#
+# The client side of every transport speaks the operations table; the server side serves an
+# ``OperationHandler``. ``Recorder`` is such a handler that answers each operation with the
+# smallest well-formed result and records the names it was asked for. ``tinker`` is not in
+# these checks: it is a front-end (its client is the Tinker SDK and its routes are Tinker's
+# API, which maps onto a part of the table); its spec builds no client of ours.
+
+ALL = [op.name for op in OPERATIONS]
+LAST = ("destroy", "shutdown")  # run after everything else: they end the jobs
+ORDER = [name for name in ALL if name not in LAST] + list(LAST)
+TOKEN = "contract-test-token-0123456789"
+BATCH = {"input_ids": [[1, 2, 3, 4]], "advantages": [1.0]}
+
+
+class Recorder:
+    """An in-process ``OperationHandler``: records each call, answers like a small server."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.calls: list[str] = []
+        self.shutdown_requested = threading.Event()
+        self._jobs: dict[int, str] = {}
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        """Record ``name`` and answer with a minimal result of the shape RLServer gives."""
+        self.calls.append(name)
+        p = dict(payload or {})
+        if name == "initialize":
+            job_id = len(self._jobs)
+            self._jobs[job_id] = "running"
+            return {"job_id": job_id, "state": "pending"}
+        if name in ("get_job", "destroy", "restart_job"):
+            if name == "destroy":
+                self._jobs[int(p["job_id"])] = "cancelled"
+            state = self._jobs.get(int(p["job_id"]), "running")
+            return {"job_id": int(p["job_id"]), "state": state, "weight_version": 0}
+        if name == "shutdown":
+            self.shutdown_requested.set()
+            return {"status": "shutting down"}
+        if name == "save_checkpoint":
+            path = self.run_dir / "checkpoints" / str(p.get("tag") or "global_step1")
+            path.mkdir(parents=True, exist_ok=True)
+            return {"path": str(path), "global_step": 1}
+        if name == "load_checkpoint":
+            return {"global_step": 1, "path": str(p.get("path"))}
+        if name == "weight_norm":
+            return {"norms": {str(j): 1.0 for j in p["job_ids"]}}
+        if name == "fwd_no_grad":
+            return {"log_probs": [[0.0, -1.0, -1.0, -1.0]]}
+        answers: dict[str, Any] = {
+            "step": {"global_step": 1, "lr": 0.1, "grad_norm": 0.0, "applied": True},
+            "fwd_bwd": {"loss": 0.5},
+            "sync_weights": {"weight_version": 1, "jobs": {}},
+        }
+        return answers.get(name, {"ok": True, "operation": name})
+
+
+def _payloads(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """A valid payload for every operation, for jobs ``ids`` (training, sampling, log_prob)."""
+    t, s, lp = ids["training"], ids["sampling"], ids["log_prob"]
+    return {
+        "initialize": {"job_type": "training", "config": _job_config()},
+        "get_job": {"job_id": t},
+        "destroy": {"job_id": t},
+        "restart_job": {"job_id": t},
+        "fwd_bwd": {"job_id": t, "batch": BATCH, "loss_fn": "grpo", "request_id": "fb-1"},
+        "fwd_no_grad": {"job_id": t, "batch": BATCH},
+        "step": {"job_id": t, "request_id": "step-1"},
+        "save_checkpoint": {"job_id": t, "tag": "contract"},
+        "load_checkpoint": {"job_id": t},
+        "empty_training_cache": {"job_id": t},
+        "generate": {"job_id": s, "prompts": ["1 + 1 ="], "sampling_params": {"max_tokens": 2}},
+        "log_probs": {"job_id": lp, "prompts": [[1, 2]], "completions": [[3]]},
+        "sync_weights": {"training_job_id": t, "sampling_job_ids": [s], "log_prob_job_ids": [lp]},
+        "weight_norm": {"job_ids": [t, s]},
+        "sleep_inference": {"job_id": s},
+        "wake_inference": {"job_id": s},
+        "sleep_training": {"job_id": t},
+        "wake_training": {"job_id": t},
+        "sleep_log_prob": {"job_id": lp},
+        "wake_log_prob": {"job_id": lp},
+        "reset_prefix_cache": {"job_id": s},
+    }
+
+
+def _job_config() -> dict[str, Any]:
+    return {"model_name": "m", "training_gpus": 1, "sampling_gpus": 1, "log_prob_gpus": 1}
+
+
+def _initialize_all(transport: Any) -> dict[str, int]:
+    ids = {}
+    for job_type in ("sampling", "log_prob", "training"):
+        answer = transport.call("initialize", {"job_type": job_type, "config": _job_config()})
+        ids[job_type] = int(answer["job_id"])
+    return ids
+
+
+def _wait_listening(port: int, thread: threading.Thread) -> None:
+    import socket
+    import time
+
+    for _ in range(400):
+        assert thread.is_alive(), "the server thread ended before it listened"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def test_local_backends_server_has_a_method_for_every_operation():
+    server_cls = api.RLServer
+    missing = [name for name in ALL if not callable(getattr(server_cls, name, None))]
+    assert not missing, f"RLServer serves no {missing}"
+
+
+def test_http_transport_serves_every_operation_end_to_end(tmp_path):
+    """The registered http client and server: each call reaches the handler by its name."""
+    spec = get_registry().get("transport", "http")
+    serve, client_cls = spec.load_server(), spec.load()
+    recorder = Recorder(tmp_path)
+    port = api.free_port()
+    thread = threading.Thread(
+        target=serve, args=(recorder, "127.0.0.1", port, TOKEN), kwargs={"log_level": "warning"}
+    )
+    thread.start()
+    transport = client_cls("127.0.0.1", port, TOKEN, retries=0)
+    try:
+        _wait_listening(port, thread)
+        ids = _initialize_all(transport)
+        payloads = _payloads(ids)
+        for name in ORDER:
+            transport.call(name, payloads.get(name, {}))
+            assert recorder.calls[-1] == name, (name, recorder.calls[-3:])
+    finally:
+        recorder.shutdown_requested.set()
+        thread.join(timeout=30)
+        transport.close()
+    assert not thread.is_alive(), "the http server did not stop after shutdown"
+    assert set(recorder.calls) == set(ALL)
+
+
+def test_ray_transport_server_actor_hands_every_operation_to_the_server(tmp_path):
+    """The actor class the ray transport hosts: its one method serves the whole table."""
+    from arctic_rl_ray.server import RLServerActor
+
+    spec = get_registry().get("transport", "ray")
+    assert spec.load_server().__module__ == RLServerActor.__module__
+    actor = RLServerActor.__new__(RLServerActor)  # no Ray, no RLServer: the recorder stands in
+    actor.server = recorder = Recorder(tmp_path)
+    payloads = _payloads({"training": 0, "sampling": 1, "log_prob": 2})
+    for name in ORDER:
+        actor.handle(name, payloads.get(name, {}))
+        assert recorder.calls[-1] == name
+    assert actor.shutdown_requested() is True
+
+
+def test_tinker_is_a_front_end_without_a_client_of_ours():
+    spec = get_registry().get("transport", "tinker")
+    assert spec.server_factory is not None
+    with pytest.raises(api.ArcticRLError):
+        spec.create("127.0.0.1", 8000, "tml-token")
+
+
+def test_dss_platform_serves_every_operation_through_the_platform(tmp_path):
+    """DssTransport → the platform app → PlatformService → the core operation, for each row."""
+    import uvicorn
+
+    from arctic_rl_dss.app import build_app
+    from arctic_rl_dss.service import PlatformService
+    from arctic_rl_dss.store import Store
+    from arctic_rl_dss.transport import DssTransport, PollSettings
+    from arctic_rl_dss.users import Users
+
+    assert get_registry().get("backend", "dss-platform").load().__name__ == "DssPlatformBackend"
+    recorder = Recorder(tmp_path)
+    service = PlatformService(
+        recorder, Store(tmp_path / "p.sqlite3"), Users.from_data({"a": TOKEN})
+    )
+    sock = api.listening_socket("127.0.0.1", 0, 64)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(service), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    poll = PollSettings(initial=0.01, factor=1.5, maximum=0.1, timeout=60)
+    transports: list[DssTransport] = []
+
+    def transport() -> DssTransport:
+        transports.append(DssTransport("127.0.0.1", port, TOKEN, poll=poll, retries=0))
+        return transports[-1]
+
+    # platform-side operations (no core call of their own; a later initialize answers the id
+    # of the platform job's sub-job), and shutdown's core call
+    own = {"health": None, "status": None, "metrics": None, "initialize": None}
+    own["shutdown"] = "destroy"
+    try:
+        _wait_listening(port, thread)
+        first = transport()
+        ids = _initialize_all(first)
+        payloads = _payloads(ids)
+        served = {"initialize"}
+        for name in [n for n in ORDER if n != "shutdown"]:
+            before = len(recorder.calls)
+            first.call(name, payloads.get(name, {}))
+            expected = own.get(name, name)
+            if expected is not None:
+                assert expected in recorder.calls[before:], (name, recorder.calls[before:])
+            served.add(name)
+        metrics = first.call("metrics")  # the caller's own records, after all of the above
+        assert metrics["requests"]["forward-backward"] == 1, metrics
+        assert metrics["errors"] == {}, metrics
+        assert metrics["jobs_by_state"] == {"cancelled": 3}, metrics
+        second = transport()  # shutdown ends the platform jobs this client holds
+        _initialize_all(second)
+        before = len(recorder.calls)
+        assert second.call("shutdown")["status"] == "shutting down"
+        assert recorder.calls[before:].count("destroy") == 3
+        served.add("shutdown")
+    finally:
+        for t in transports:
+            t.close()
+        server.should_exit = True
+        thread.join(timeout=30)
+        service.close()
+        sock.close()
+    assert served == set(ALL)

@@ -201,6 +201,11 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         """Your reservation, the GPUs your jobs use, and how many you could still get."""
         return json_response(service.capacity(who))
 
+    @app.get("/metrics", tags=["control"], responses=_ERRORS)
+    def metrics(who: User) -> Response:
+        """Your own counts: requests, failures and seconds per operation; sub-jobs per state."""
+        return json_response(service.metrics(who))
+
     @app.post("/", tags=["control"], responses=_ERRORS, status_code=201)
     def create_job(who: User, body: CreateJobRequest) -> Response:
         """Create a job. Give ``job_id`` to make a retry safe: a second create is a 409."""

@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -60,7 +60,7 @@ from arctic_rl_dss.users import Users
 logger = logging.getLogger(__name__)
 
 _ORDER = {"pending": 0, "placing": 1, "initializing": 2, "running": 3}
-_RESERVED_IDS = frozenset({"capacity", "health", "docs", "redoc", "openapi.json"})
+_RESERVED_IDS = frozenset({"capacity", "health", "metrics", "docs", "redoc", "openapi.json"})
 _JOB_ID_FIELDS = ("training_job_id", "sampling_job_id", "log_prob_job_id")
 _RESULT_CACHE = 256
 FRAME_RESULT = "arctic-rl-frame"
@@ -414,6 +414,34 @@ class PlatformService:
             if record["status"] == "pending":
                 self._cancel_request(record["request_id"])
         return self._job_view(self._job(user, job_id))
+
+    def metrics(self, user: str) -> dict[str, Any]:
+        """The caller's own counts, shaped like the local server's ``/metrics``.
+
+        ``requests``/``errors``/``seconds`` (submission to end) per data-plane operation of
+        the caller's request records, and ``jobs_by_state``: the caller's sub-jobs per state.
+        Other users' work is not counted, so nothing about it leaks.
+        """
+        requests: dict[str, int] = defaultdict(int)
+        errors: dict[str, int] = defaultdict(int)
+        seconds: dict[str, float] = defaultdict(float)
+        states: dict[str, int] = defaultdict(int)
+        for job in self.store.jobs(user):
+            for record in self.store.requests(user, job.job_id):
+                operation = str(record["operation"])
+                requests[operation] += 1
+                if record["status"] == "failed":
+                    errors[operation] += 1
+                if record["status"] in ("done", "failed"):
+                    seconds[operation] += float(record["updated_at"]) - float(record["created_at"])
+            for sub in self._job_view(job)["sub_jobs"]:
+                states[sub["status"]] += 1
+        return {
+            "requests": dict(requests),
+            "errors": dict(errors),
+            "seconds": {k: round(v, 6) for k, v in seconds.items()},
+            "jobs_by_state": dict(states),
+        }
 
     # --- checkpoints --------------------------------------------------------------------
 
@@ -805,6 +833,7 @@ class PlatformService:
             "sleep": self._op_memory("sleep"),
             "wake": self._op_memory("wake"),
             "cancel-request": self._op_cancel_request,
+            "restart": self._op_restart,
         }
         handler = handlers.get(body.operation_type)
         if handler is None:
@@ -924,6 +953,27 @@ class PlatformService:
             return {"result": self.rl.handle(names[sub.job_type], payload)}
 
         return handler
+
+    def _op_restart(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
+        """Start one sub-job again with the same id (core's ``restart_job``); answers inline.
+
+        Training comes back from its latest checkpoint; poll the job until the sub-job runs.
+        A cancelled job, or one lost with a platform restart, cannot be restarted.
+        """
+        if body.sub_job_id is None and body.sub_job_type is None:
+            raise InvalidRequestError("restart needs sub_job_id (or sub_job_type)")
+        wanted = WIRE_TO_CORE[body.sub_job_type] if body.sub_job_type else None
+        job, sub = self._sub_job(
+            user, job_id, sub_job_id=body.sub_job_id, job_type=wanted, operation="restart"
+        )
+        if job.cancelled:
+            raise JobStateError(f"job {job_id!r} was cancelled; its sub-jobs cannot be restarted")
+        if not self._live(job):
+            why = job.lost_reason or "the platform server restarted"
+            raise JobStateError(f"job {job_id!r} was lost ({why}); create a new job")
+        self.rl.handle("restart_job", {"job_id": sub.engine_id})
+        logger.info("user %s restarted sub-job %s", user, sub.sub_job_id)
+        return {"result": self._sub_view(job, sub)}
 
     def _op_cancel_request(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
         request_id = str(body.payload.get("request_id", ""))

@@ -398,6 +398,26 @@ class DssTransport(ClientTransport):
                 return {"job_id": sub.number, "state": "pending"}
         raise TransportError(f"the platform job {self.job_id} has no {job_type} sub-job")
 
+    def _op_metrics(self, _: dict[str, Any]) -> Any:
+        return self._send("GET", "/metrics", what="metrics")
+
+    def _op_restart_job(self, payload: dict[str, Any]) -> Any:
+        sub = self._sub(payload["job_id"])
+        # not retried: a lost answer must not restart the sub-job a second time
+        self._operation(sub, "restart", {}, retry=False)
+        return self._view(self._send("GET", f"/{sub.job_id}", what="get job"), sub)
+
+    def _op_shutdown(self, _: dict[str, Any]) -> Any:
+        """Cancel the platform jobs this client holds; the platform itself serves on."""
+        jobs = sorted({*(s.job_id for s in self.sub_jobs.values()), *filter(None, [self.job_id])})
+        for job_id in jobs:
+            try:
+                self._send("POST", f"/{job_id}:cancel", what="cancel job")
+            except ServerError as exc:
+                if exc.status_code != 409:  # 409: it already ended on its own
+                    raise
+        return {"status": "shutting down", "cancelled_jobs": jobs}
+
     def _op_get_job(self, payload: dict[str, Any]) -> Any:
         sub = self._sub(payload["job_id"])
         return self._view(self._send("GET", f"/{sub.job_id}", what="get job"), sub)
