@@ -9,15 +9,16 @@ stages 0-2 keep a plain replica). The forward path is the training engine's own
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.api import (
+    Batch,
     BatchError,
+    BatchLimits,
     EngineContext,
     InvalidRequestError,
     LogProbEngine,
-    validate_batch,
 )
 from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
 from arctic_rl_engines.ds_config import forward_setup
@@ -55,7 +56,11 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         )
         self._vocab, self._max_len, self._pad_id = ds_model.model_limits(self._model.config)
 
-    def _run(self, rows: list[list[int]], top_k: int = 0, top_k_from: list[int] | None = None):
+    def batch_limits(self) -> BatchLimits:
+        """The model's vocabulary and context: what a batch must keep."""
+        return BatchLimits(vocab_size=self._vocab, max_length=self._max_len)
+
+    def _run(self, rows: list[Any], top_k: int = 0, top_k_from: list[int] | None = None):
         return rows_log_probs(
             self._model,
             rows,
@@ -89,13 +94,12 @@ class DeepSpeedLogProbEngine(LogProbEngine):
             if not isinstance(completions[i], list | tuple):
                 raise BatchError(f"completions[{i}] must be a list of token ids")
         rows = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
-        checked = validate_batch(
+        checked = Batch.build(
             {"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows]},
-            vocab_size=self._vocab,
-            max_length=self._max_len,
+            limits=self.batch_limits(),
         )
         starts = [len(p) for p in prompts]
-        results = self._run(checked["input_ids"], top_k=top_k, top_k_from=starts)
+        results = self._run(checked.rows("input_ids"), top_k=top_k, top_k_from=starts)
         out = []
         for start, res in zip(starts, results, strict=True):
             n = len(res.log_probs) - start
@@ -110,7 +114,7 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         return out
 
     def fwd_no_grad(
-        self, batch: dict[str, Any], reference_model: bool = False
+        self, batch: Batch | Mapping[str, Any], reference_model: bool = False
     ) -> list[list[float]]:
         """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0)."""
         if reference_model:
@@ -118,8 +122,8 @@ class DeepSpeedLogProbEngine(LogProbEngine):
                 "the log-prob engine serves one set of weights; reference log-probs come "
                 "from the training job (fwd_no_grad with reference_model=True there)"
             )
-        clean = validate_batch(batch, vocab_size=self._vocab, max_length=self._max_len)
-        return [r.log_probs for r in self._run(clean["input_ids"])]
+        clean = Batch.build(batch, limits=self.batch_limits())  # a server's Batch: as it is
+        return [r.log_probs for r in self._run(clean.rows("input_ids"))]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy weights (Hugging Face names) into the model in place; collective under ZeRO-3."""

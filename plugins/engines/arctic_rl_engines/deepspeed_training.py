@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.api import (
+    Batch,
     BatchError,
+    BatchLimits,
     CheckpointError,
     EngineContext,
     EngineError,
     InvalidRequestError,
     TrainingEngine,
-    validate_batch,
 )
 from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
 from arctic_rl_engines.ds_config import (
@@ -33,7 +34,7 @@ from arctic_rl_engines.ds_config import (
     training_setup,
 )
 from arctic_rl_engines.logprobs import rows_log_probs, token_log_probs
-from arctic_rl_engines.microbatch import DUMMY, pad_rows, plan
+from arctic_rl_engines.microbatch import DUMMY, plan
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 _FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs")
+"""The float fields of a ``Batch`` a loss may read (``target_tokens`` is the token field)."""
 SLEEP_UNSUPPORTED = (
     "sleep/wake are not implemented for the DeepSpeed training engine: on CPU there is no "
     "device memory to free, and weights and optimizer state stay where they are"
@@ -145,8 +147,14 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         """Ranks in the job."""
         return self._world
 
-    def _validate(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        return validate_batch(batch, vocab_size=self._vocab, max_length=self._max_len)
+    def batch_limits(self) -> BatchLimits:
+        """The model's vocabulary and context: what a batch must keep."""
+        return BatchLimits(vocab_size=self._vocab, max_length=self._max_len)
+
+    def _batch(self, batch: Batch | Mapping[str, Any]) -> Batch:
+        """The server's ``Batch`` as it is (checked against these limits already); a dict
+        from an in-process caller built into one."""
+        return Batch.build(batch, limits=self.batch_limits())
 
     def _loss(self, name: str, loss_config: Mapping[str, Any] | None) -> tuple[Any, dict]:
         from arctic_platform.rl.api import get_registry
@@ -158,7 +166,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             return fn, fn.configure(loss_config)
         return fn, dict(loss_config or {})
 
-    def _micro_batch(self, clean: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+    def _micro_batch(self, clean: Batch, rows: list[int]) -> dict[str, Any]:
         import torch
 
         if rows == [DUMMY]:  # a pass with nothing to train: two pad tokens of zero weight
@@ -169,20 +177,20 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             if "target_tokens" in clean:
                 out["target_tokens"] = torch.full((1, 2), self._pad_id, dtype=torch.long)
         else:
-            ids = [clean["input_ids"][i] for i in rows]
-            width = max(len(r) for r in ids)
-            out = {"input_ids": pad_rows(ids, width, self._pad_id, torch.long)}
+            width = int(clean.lengths[rows].max())
+            ids = clean.padded("input_ids", rows, width, self._pad_id)
+            out = {"input_ids": torch.from_numpy(ids)}
             for name in _FLOAT_FIELDS:
                 if name in clean:
-                    out[name] = pad_rows([clean[name][i] for i in rows], width, 0.0, torch.float32)
+                    out[name] = torch.from_numpy(clean.padded(name, rows, width, 0.0))
             if "target_tokens" in clean:
-                targets = [clean["target_tokens"][i] for i in rows]
-                out["target_tokens"] = pad_rows(targets, width, self._pad_id, torch.long)
+                targets = clean.padded("target_tokens", rows, width, self._pad_id)
+                out["target_tokens"] = torch.from_numpy(targets)
         return {k: v.to(self._device) for k, v in out.items()}
 
     def fwd_bwd(
         self,
-        batch: dict[str, Any],
+        batch: Batch | Mapping[str, Any],
         loss_fn: str = "grpo",
         loss_config: dict[str, Any] | None = None,
         *,
@@ -198,21 +206,22 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         """
         import contextlib
 
+        import numpy as np
         import torch
 
         from arctic_platform.rl.api import LossOutput, aggregate
 
-        clean = self._validate(batch)
+        clean = self._batch(batch)
         fn, cfg = self._loss(loss_fn, loss_config)
         required = fn.required_fields(cfg) if hasattr(fn, "required_fields") else set()
         missing = sorted(f for f in required if f not in clean)
         if missing:
             raise BatchError(f"loss {loss_fn!r} needs batch field(s) {missing}")
         want_entropy = bool(fn.needs_entropy(cfg)) if hasattr(fn, "needs_entropy") else False
-        masks = clean["loss_mask"]
-        num_tokens = float(sum(math.fsum(m) for m in masks))
-        num_seqs = float(sum(1 for m in masks if any(x != 0 for x in m)))
-        lengths = [len(r) for r in clean["input_ids"]]
+        mask = clean.flat("loss_mask")
+        num_tokens = float(mask.sum(dtype=np.float64))
+        num_seqs = float(np.count_nonzero(np.add.reduceat(mask != 0, clean.offsets[:-1])))
+        lengths = clean.lengths.tolist()
         passes = plan(lengths, self._rank, self._world, self.setup.max_tokens_per_mb)
 
         if forward_only:
@@ -319,14 +328,14 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             logger.exception("could not discard the gradients of a failed fwd_bwd")
 
     def fwd_no_grad(
-        self, batch: dict[str, Any], reference_model: bool = False
+        self, batch: Batch | Mapping[str, Any], reference_model: bool = False
     ) -> list[list[float]]:
         """Per-token log-probs of each row (entry 0 is 0.0); every rank returns all rows.
 
         ``reference_model=True``: under the frozen initial weights of the run (``model_name``,
         or the Hugging Face ``checkpoint_path`` it started from; kept across resumes).
         """
-        clean = self._validate(batch)
+        clean = self._batch(batch)
         if reference_model:
             model: Any = self._reference_model()
         else:
@@ -334,7 +343,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             model = self._engine
         rows = rows_log_probs(
             model,
-            clean["input_ids"],
+            clean.rows("input_ids"),
             device=self._device,
             pad_id=self._pad_id,
             max_tokens=self.setup.max_tokens_per_mb,

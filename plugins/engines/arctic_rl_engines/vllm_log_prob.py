@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import EngineContext, InvalidRequestError, LogProbEngine
+from arctic_platform.rl.api import (
+    Batch,
+    BatchLimits,
+    EngineContext,
+    InvalidRequestError,
+    LogProbEngine,
+)
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
 from arctic_rl_engines.vllm_sampling import top_pairs
 
@@ -93,8 +100,13 @@ class VLLMLogProbEngine(VLLMEngine, LogProbEngine):
             )
         return results
 
+    def batch_limits(self) -> BatchLimits:
+        """The vocabulary, and rows of at most ``max_model_len - 1`` tokens (one prefill
+        scores a row and needs room for one more position)."""
+        return BatchLimits(vocab_size=self.vocab_size, max_length=self.max_model_len - 1)
+
     def fwd_no_grad(
-        self, batch: dict[str, Any], reference_model: bool = False
+        self, batch: Batch | Mapping[str, Any], reference_model: bool = False
     ) -> list[list[float]]:
         """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0), as a trainer gives."""
         if reference_model:
@@ -102,11 +114,7 @@ class VLLMLogProbEngine(VLLMEngine, LogProbEngine):
                 "the vllm log-prob engine serves one model; reference_model=True needs the "
                 "training engine's reference model"
             )
-        rows = batch.get("input_ids") if isinstance(batch, dict) else None
-        if not isinstance(rows, list) or not rows:
-            raise InvalidRequestError("batch['input_ids'] must be a non-empty list of rows")
-        for i, row in enumerate(rows):
-            if not isinstance(row, list | tuple) or not row:
-                raise InvalidRequestError(f"batch['input_ids'][{i}] must be a non-empty list")
+        clean = Batch.build(batch, limits=self.batch_limits())  # a server's Batch: as it is
+        rows = [r.tolist() for r in clean.rows("input_ids")]
         scored = self.log_probs([list(r[:1]) for r in rows], [list(r[1:]) for r in rows], top_k=0)
         return [[0.0, *item["log_probs"]] for item in scored]
