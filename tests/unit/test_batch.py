@@ -208,8 +208,8 @@ BAD = {
     ),
     "one-dimensional input_ids": ({"input_ids": np.arange(4)}, "input_ids"),
     "three-dimensional input_ids": ({"input_ids": np.zeros((2, 2, 2), dtype=int)}, "input_ids"),
-    "a mask with row lists": (
-        {"input_ids": [[1, 2]], "attention_mask": np.ones((1, 2))},
+    "a mask with ragged rows": (
+        {"input_ids": [[1, 2], [3]], "attention_mask": np.ones((2, 2))},
         "attention_mask",
     ),
     "a boolean token": ({"input_ids": [[1, True]]}, r"input_ids\[0\].*non-integer"),
@@ -260,3 +260,10 @@ def test_a_batch_is_checked_once_per_limits_and_again_for_other_limits():
     with pytest.raises(BatchError, match="vocabulary"):
         batch.check(BatchLimits(vocab_size=20))
     assert batch.checked == wide
+
+
+def test_padded_rows_given_as_lists_with_a_mask_are_read_as_dense():
+    dense = {k: v.tolist() for k, v in _dense("left").items()}  # a tokenizer's padded lists
+    assert _as_lists(Batch.build(dense)) == _expected_floats()
+    with pytest.raises(BatchError, match="attention_mask"):
+        Batch.build({"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1], [1]]})

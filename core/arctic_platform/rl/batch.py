@@ -254,8 +254,27 @@ class Batch:
 # --- building blocks ------------------------------------------------------------------------
 
 
+def _rectangular(value: Any) -> Any:
+    """Equal-length rows given as lists (a tokenizer's padded output) as one 2-D array;
+    anything else as it is."""
+    if isinstance(value, np.ndarray) or not isinstance(value, list | tuple) or not value:
+        return value
+    rows = [_numpy(r) for r in value]
+    if not all(isinstance(r, list | tuple | np.ndarray) for r in rows):
+        return value
+    if len({len(r) for r in rows}) != 1:
+        return value
+    try:
+        array = np.asarray(rows)
+    except (TypeError, ValueError):
+        return value
+    return array if array.ndim == 2 and array.dtype != object else value
+
+
 def _token_ids(ids: Any, attention_mask: Any) -> tuple[_Shape, np.ndarray]:
     """The shape of the batch and its packed ``input_ids``."""
+    if attention_mask is not None:  # padded rows, perhaps as lists
+        ids, attention_mask = _rectangular(ids), _rectangular(_numpy(attention_mask))
     if isinstance(ids, np.ndarray) and ids.ndim == 2:
         if not np.issubdtype(ids.dtype, np.integer):
             raise BatchError(f"a dense input_ids must hold integers, got {ids.dtype}")
@@ -434,6 +453,8 @@ def _check_length(lengths: np.ndarray, max_length: int | None) -> None:
 def _per_token(name: str, value: Any, shape: _Shape, *, integer: bool) -> np.ndarray:
     """A per-token field packed like ``input_ids``: cut by the mask when dense, else rows
     whose lengths must match ``input_ids``'s."""
+    if shape.keep is not None:
+        value = _rectangular(value)
     if isinstance(value, np.ndarray) and shape.keep is not None:
         if value.shape != shape.keep.shape:
             raise BatchError(
@@ -461,6 +482,8 @@ def _per_token(name: str, value: Any, shape: _Shape, *, integer: bool) -> np.nda
 
 def _advantages(value: Any, shape: _Shape) -> np.ndarray:
     """``advantages`` per token: given per sequence (``[batch]``) or per token."""
+    if shape.keep is not None:
+        value = _rectangular(value)
     if isinstance(value, np.ndarray) and value.ndim == 1:
         if len(value) != shape.rows:
             raise BatchError(f"'advantages' has {len(value)} rows, input_ids has {shape.rows}")
