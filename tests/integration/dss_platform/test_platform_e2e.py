@@ -261,6 +261,46 @@ def test_cache_and_memory_operations_answer_inline(alice):
     assert wrong.status_code == 422
 
 
+def test_restart_job_brings_a_sub_job_back_through_the_platform(alice):
+    before = alice.job_info("sampling")["weight_version"]
+    view = alice.restart_job("sampling")  # then synced from the running trainer
+    assert view["state"] == "running" and view["job_id"] == alice.job_ids["sampling"]
+    after = alice.generate(PROMPTS[:1], {"n": 1, "max_tokens": 4, "temperature": 0.0})
+    assert after["outputs"][0]["completions"][0]["token_ids"]
+    assert after["weight_version"] > before  # new workers, then the trainer's weights again
+    norms = alice.weight_norm()
+    assert norms["sampling"] == pytest.approx(norms["training"], rel=1e-5)
+
+
+def test_metrics_through_the_platform_count_the_callers_own_requests(alice, bob):
+    a, b = alice.transport, bob.transport
+    mine, theirs = a.call("metrics"), b.call("metrics")
+    alice.fwd_bwd({"input_ids": [[1, 2, 3, 4]], "advantages": [1.0]}, "importance_sampling")
+    mine_after, theirs_after = a.call("metrics"), b.call("metrics")
+    fb = "forward-backward"
+    assert mine_after["requests"][fb] == mine["requests"].get(fb, 0) + 1
+    assert theirs_after["requests"].get(fb, 0) == theirs["requests"].get(fb, 0)
+    assert mine_after["seconds"][fb] > 0
+    assert mine_after["jobs_by_state"].get("running", 0) >= 3
+    assert set(mine_after) == {"requests", "errors", "seconds", "jobs_by_state"}
+
+
+def test_shutdown_through_the_platform_cancels_the_callers_jobs_only(
+    alice, platform, tiny_model_path
+):
+    carol = platform.transport(CAROL)
+    try:
+        config = {"model_name": tiny_model_path, "training_gpus": 1, "sampling_gpus": 0}
+        number = carol.call("initialize", {"job_type": "training", "config": config})["job_id"]
+        answer = carol.call("shutdown")
+        assert answer == {"status": "shutting down", "cancelled_jobs": [carol.job_id]}
+        assert carol.call("get_job", {"job_id": number})["state"] == "cancelled"
+        assert carol.call("health")["status"] == "ok"
+        assert alice.job_info("training")["state"] == "running"
+    finally:
+        carol.close()
+
+
 def test_checkpoints_are_listed_exported_loaded_and_deleted(alice):
     t = alice.transport
     path = alice.save_checkpoint(tag="ckpt-a")
