@@ -395,6 +395,30 @@ def test_ray_transport_server_actor_hands_every_operation_to_the_server(tmp_path
     assert actor.shutdown_requested() is True
 
 
+def test_every_transport_server_takes_the_arguments_its_protocol_promises():
+    """``ServerTransport`` (host:port) or ``HostingServerTransport`` (run_dir), as the CLI calls."""
+    import inspect
+
+    hosting = {
+        "num_gpus": 1,
+        "ray_auto_attach": False,
+        "ray_address": None,
+        "op_timeout": 1.0,
+        "sync_timeout": 1.0,
+        "resume": False,
+        "settings": {},
+    }
+    specs = [r for r in get_registry().rows() if r["kind"] == "transport"]
+    assert {r["name"] for r in specs} >= {"http", "ray", "tinker"}
+    for row in specs:
+        spec = get_registry().get("transport", row["name"])
+        signature = inspect.signature(spec.load_server())
+        if spec.network_address:
+            signature.bind(object(), "127.0.0.1", 1, "token")
+        else:
+            signature.bind(Path("run"), **hosting)
+
+
 def test_tinker_is_a_front_end_without_a_client_of_ours():
     spec = get_registry().get("transport", "tinker")
     assert spec.server_factory is not None

@@ -2,7 +2,7 @@
 
 
 def make_loss():
-    """The loss callable: (log_probs, batch) -> per-token loss tensor."""
+    """The loss callable, an ``arctic_platform.rl.api.LossFn``: per-token loss tensor."""
 
     def loss(log_probs, batch, **config):
         return -(batch["advantages"] * log_probs)
