@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from arctic_platform.rl import __version__, wire
+from arctic_platform.rl.batch import Batch, BatchLimits
 from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobStateError
 from arctic_platform.rl.operations import BY_NAME
-from arctic_platform.rl.protocol import validate_batch
 from arctic_platform.rl.server.job_table import (
     remember_request,
     replay_request,
@@ -115,6 +115,8 @@ class RLServer:
         self._monitor: threading.Thread | None = None
         # per training job, the workers its request ids were last checked against
         self._restored_for: dict[int, list[Any]] = {}
+        # per job, the batch limits its current workers reported (asked once per generation)
+        self._limits_for: dict[int, tuple[list[Any], BatchLimits | None]] = {}
         self._counts: dict[str, int] = defaultdict(int)
         self._errors: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
@@ -256,6 +258,23 @@ class RLServer:
 
     # --- helpers ------------------------------------------------------------------------
 
+    def _batch_limits(self, job: Job) -> BatchLimits | None:
+        """What ``job``'s engine accepts (vocabulary, context), asked once of its workers."""
+        known = self._limits_for.get(job.job_id)
+        if known is not None and known[0] is job.workers:
+            return known[1]
+        workers = job.workers
+        limits = self.jobs.call(job, [workers[0].batch_limits.remote()], "batch_limits")[0]
+        self._limits_for[job.job_id] = (workers, limits)
+        return limits
+
+    @staticmethod
+    def _shared(batch: Batch) -> Any:
+        """``batch`` put in Ray's object store once: every rank reads the same copy."""
+        import ray
+
+        return ray.put(batch)
+
     def _all_ranks(self, job: Job, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         refs = [w.call.remote(method, *args, **kwargs) for w in job.workers]
         return self.jobs.call(job, refs, method)
@@ -309,7 +328,7 @@ class RLServer:
     def fwd_bwd(self, request: wire.FwdBwdRequest) -> dict[str, Any]:
         """Accumulate gradients on every training rank; returns rank 0's reduced metrics."""
         job = self.jobs.running(request.job_id, "training")
-        batch = validate_batch(request.batch)
+        batch = request.batch.check(self._batch_limits(job))  # built by the request model
         key = request.request_id and f"fb:{request.request_id}"
         with job.lock:
             previous = self._replayed(job, key)
@@ -323,7 +342,7 @@ class RLServer:
                     "forward_only": request.forward_only,
                 }
             results = self._all_ranks(
-                job, "fwd_bwd", batch, request.loss_fn, request.loss_config, **options
+                job, "fwd_bwd", self._shared(batch), request.loss_fn, request.loss_config, **options
             )
             result = dict(results[0])
             if not request.forward_only:  # the table keeps metrics, not per-token outputs
@@ -341,14 +360,16 @@ class RLServer:
             raise JobStateError(
                 f"job {job.job_id} is a sampling job; fwd_no_grad needs training or log_prob"
             )
-        batch = validate_batch(request.batch)
+        batch = request.batch.check(self._batch_limits(job))
         with job.lock:
             if job.job_type == "training":
-                results = self._all_ranks(job, "fwd_no_grad", batch, request.reference_model)
+                shared = self._shared(batch)
+                results = self._all_ranks(job, "fwd_no_grad", shared, request.reference_model)
                 return {"log_probs": results[0]}
+            rows = list(range(batch.num_rows))
             return {
                 "log_probs": self._spread(
-                    job, "fwd_no_grad", batch["input_ids"], lambda part: ({"input_ids": part},)
+                    job, "fwd_no_grad", rows, lambda part: (batch.select(part),)
                 )
             }
 

@@ -126,6 +126,11 @@ class EngineWorker:
                 "address": self.node_address(),
             }
 
+    def batch_limits(self) -> Any:
+        """The ``BatchLimits`` the engine accepts batches within, or None (no ``batch_limits``)."""
+        report = getattr(self.engine, "batch_limits", None)
+        return report() if report is not None else None
+
     def ping(self) -> int:
         """Liveness check that never waits for the engine lock."""
         return os.getpid()
