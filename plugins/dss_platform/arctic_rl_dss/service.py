@@ -25,15 +25,14 @@ from pydantic import BaseModel, ValidationError
 
 from arctic_platform.rl.api import (
     ArcticRLError,
+    Batch,
     InvalidRequestError,
     JobNotFoundError,
     JobStateError,
     decode_frame,
     describe_errors,
     encode_frame,
-    validate_batch,
 )
-from arctic_rl_dss.batches import dense_to_rows
 from arctic_rl_dss.chunks import (
     ChunkAssembler,
     ChunkConflictError,
@@ -670,7 +669,7 @@ class PlatformService:
             operation="forward-backward",
         )  # fmt: skip
         self._running(job, sub)
-        batch = validate_batch(dense_to_rows(request.batch))
+        batch = Batch.build(request.batch)  # the one build; the server checks the job's limits
         group = key.split(":", 1)[1] if key else None
 
         def run() -> Any:
@@ -861,7 +860,7 @@ class PlatformService:
         if sub.job_type == "sampling":
             raise InvalidRequestError("forward needs a training or log_probability sub-job")
         payload = _b64_payload(body.payload)
-        batch = validate_batch(dense_to_rows(payload.get("batch")))
+        batch = Batch.build(payload.get("batch"))
         data = {
             "job_id": sub.engine_id,
             "batch": batch,
