@@ -248,6 +248,17 @@ def test_fwd_no_grad_puts_zero_first_like_the_trainer(vllm_log_prob_engine, hf_m
         assert max_diff(reference_log_probs(hf_model, row[:1], row[1:]), got[1:]) < TOLERANCE
 
 
+def test_fwd_no_grad_of_a_left_padded_dense_batch_equals_its_rows(vllm_log_prob_engine):
+    rows = [[11, 12, 13, 14], [20, 21]]
+    ids = torch.tensor([[11, 12, 13, 14], [0, 0, 20, 21]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    dense = vllm_log_prob_engine.fwd_no_grad({"input_ids": ids, "attention_mask": mask})
+    assert dense == vllm_log_prob_engine.fwd_no_grad({"input_ids": rows})
+    too_long = [[5] * vllm_log_prob_engine.max_model_len]
+    with pytest.raises(ValueError, match=r"input_ids\[0\].*context"):
+        vllm_log_prob_engine.fwd_no_grad({"input_ids": too_long})
+
+
 def test_log_probs_reject_mismatched_or_too_long_input(vllm_log_prob_engine):
     with pytest.raises(ValueError, match="completions"):
         vllm_log_prob_engine.log_probs([[1, 2]], [[3], [4]])
