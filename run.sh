@@ -4,6 +4,7 @@
 #   ./run.sh test [args]    set up, then run the whole test suite (args go to pytest)
 #   ./run.sh lint           set up, then ruff (lint + format check) and mypy on core
 #   ./run.sh bench          set up, then every benchmark under bench/
+#   ./run.sh mutation [m]   set up, then mutation testing of the pure core (or module m)
 #   ./run.sh setup          only set up the virtual environment (.venv, or $ARCTIC_RL_VENV)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -62,7 +63,10 @@ case "$cmd" in
     bench)
         setup
         exec "$PY" -m bench "$@" ;;
+    mutation)
+        setup
+        exec "$PY" tests/mutation/run_mutation.py "$@" ;;
     *)
-        sed -n '2,7p' "$0"
+        sed -n '2,8p' "$0"
         [ "$cmd" = help ] || exit 2 ;;
 esac
