@@ -2,11 +2,14 @@
 
 Every case goes through the real client (safetensors frames for tensor-bearing operations) or
 raw HTTP for what the client would refuse to build. After each, all three jobs still run and
-the weight norm of every job is exactly what it was.
+the weight norm of every job is exactly what it was. A refused training request must also
+leave no trace for later: a ``step()`` after it gives the same weights as a twin of the
+job that never saw it (the same job restored from a checkpoint taken just before).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +22,8 @@ pytestmark = pytest.mark.slow
 VOCAB_LIMIT = 10**6  # far outside the tiny model's vocabulary (~512)
 CONTEXT = 1024  # the tiny model's max_position_embeddings
 GOOD_ROW = [1, 5, 6, 7, 8]
+TWIN_BATCH = {"input_ids": [GOOD_ROW, [1, 9, 10, 11, 12]], "loss_mask": [[0, 1, 1, 1, 1]] * 2}
+TWIN_LR = 1e-2  # large enough that one step moves the tiny model's weight norm
 
 
 def _refused(live, call: Callable[[], Any], status: int, *words: str) -> str:
@@ -32,6 +37,26 @@ def _refused(live, call: Callable[[], Any], status: int, *words: str) -> str:
         assert word.lower() in message.lower(), message
     live.assert_healthy()
     assert live.client.weight_norm() == norms, "a refused request changed weights"
+    return message
+
+
+def _refused_and_no_trace(live, call: Callable[[], Any], status: int, *words: str) -> str:
+    """``_refused`` on the training job, then: ``fwd_bwd`` + ``step()`` on a good batch gives
+    exactly the weights of a twin that never saw ``call`` (restored from a checkpoint taken
+    just before it), so the refused request left no gradient or state behind."""
+    client = live.client
+    before = client.save_checkpoint(tag=f"twin-{uuid.uuid4().hex[:8]}")
+    message = _refused(live, call, status, *words)
+    client.fwd_bwd(TWIN_BATCH, "cross_entropy")
+    client.step(learning_rate=TWIN_LR)
+    seen = client.weight_norm()["training"]
+    client.load_checkpoint(path=before)
+    start = client.weight_norm()["training"]
+    client.fwd_bwd(TWIN_BATCH, "cross_entropy")
+    client.step(learning_rate=TWIN_LR)
+    twin = client.weight_norm()["training"]
+    assert twin != start, "the good step moved no weight: the comparison would prove nothing"
+    assert seen == twin, f"a refused request left a trace: {seen!r} after a step, twin {twin!r}"
     return message
 
 
@@ -81,18 +106,18 @@ BAD_BATCHES = {
 @pytest.mark.parametrize("case", sorted(BAD_BATCHES))
 def test_a_bad_fwd_bwd_batch_is_a_422_and_changes_nothing(live, case):
     batch, words = BAD_BATCHES[case]
-    _refused(live, lambda: live.client.fwd_bwd(batch), 422, *words)
+    _refused_and_no_trace(live, lambda: live.client.fwd_bwd(batch), 422, *words)
 
 
 def test_a_bad_fwd_no_grad_batch_is_a_422_on_the_training_job(live):
     batch = {"input_ids": [[1, 2, VOCAB_LIMIT]]}
-    _refused(live, lambda: live.client.fwd_no_grad(batch), 422, "vocabulary")
+    _refused_and_no_trace(live, lambda: live.client.fwd_no_grad(batch), 422, "vocabulary")
 
 
 def test_unknown_loss_and_bad_loss_config_are_422s(live):
     batch = {"input_ids": [GOOD_ROW], "advantages": [1.0]}
-    _refused(live, lambda: live.client.fwd_bwd(batch, loss_fn="nope"), 422, "nope")
-    _refused(
+    _refused_and_no_trace(live, lambda: live.client.fwd_bwd(batch, loss_fn="nope"), 422, "nope")
+    _refused_and_no_trace(
         live,
         lambda: live.client.fwd_bwd(batch, loss_config={"eps_clip": -1.0}),
         422,

@@ -11,10 +11,12 @@ torch = pytest.importorskip("torch")
 from arctic_platform.rl.errors import LossConfigError  # noqa: E402
 from arctic_platform.rl.losses import (  # noqa: E402
     aggregate,
+    kl_penalty,
     make_cross_entropy,
     make_grpo,
     make_importance_sampling,
     make_ppo,
+    token_metric,
 )
 from arctic_platform.rl.plugins import get_registry  # noqa: E402
 
@@ -215,3 +217,190 @@ def test_builtin_losses_are_registered_with_real_factories() -> None:
         spec = reg.get("loss", name)
         assert spec.implemented
         assert callable(spec.create())
+
+
+# --- exact messages, edges and names (each kills a mutant the tests above let through) ------
+
+
+def _refusal(loss: object, config: dict) -> str:
+    with pytest.raises(LossConfigError) as info:
+        loss.configure(config)  # type: ignore[attr-defined]
+    return str(info.value)
+
+
+def test_the_builtin_losses_carry_their_names() -> None:
+    assert [make_grpo().name, make_ppo().name] == ["grpo", "ppo"]
+    assert make_importance_sampling().name == "importance_sampling"
+    assert make_cross_entropy().name == "cross_entropy"
+
+
+def test_an_unknown_aggregation_or_estimator_is_refused_with_the_choices() -> None:
+    assert _refusal(make_grpo(), {"aggregation": "sum"}) == (
+        "loss_config aggregation='sum' is not one of "
+        "['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean']"
+    )
+    assert _refusal(make_grpo(), {"kl_estimator": "k9"}) == (
+        "loss_config kl_estimator='k9' is not one of ['k1', 'k2', 'k3']"
+    )
+    values, weights = torch.ones(1, 2), torch.ones(1, 2)
+    with pytest.raises(LossConfigError) as info:
+        aggregate(values, weights, "sum", 2.0, 1.0)
+    assert str(info.value) == (
+        "aggregation 'sum' is not one of "
+        "['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean']"
+    )
+    with pytest.raises(LossConfigError) as info:
+        kl_penalty(values, values, "k9", weights != 0)
+    assert str(info.value) == "kl_estimator 'k9' is not one of ['k1', 'k2', 'k3']"
+
+
+@pytest.mark.parametrize("key", ["kl_coef", "entropy_coef", "clip_eps_low", "clip_eps_high"])
+def test_each_coefficient_must_be_a_finite_number_not_a_bool(key: str) -> None:
+    for bad in ("0.1", True, None):
+        assert _refusal(make_grpo(), {key: bad}) == f"loss_config {key}={bad!r} must be a number"
+    assert _refusal(make_grpo(), {key: math.inf}) == f"loss_config {key}=inf must be finite"
+
+
+@pytest.mark.parametrize("key", ["clip_eps_low", "clip_eps_high"])
+def test_a_clip_epsilon_may_be_zero_but_not_negative(key: str) -> None:
+    assert make_ppo().configure({key: 0.0})[key] == 0.0
+    assert _refusal(make_ppo(), {key: -0.1}) == f"loss_config {key}=-0.1 must be >= 0"
+
+
+def test_clip_eps_low_must_stay_below_one() -> None:
+    assert make_ppo().configure({"clip_eps_low": 0.99})["clip_eps_low"] == 0.99
+    assert _refusal(make_ppo(), {"clip_eps_low": 1.0}) == (
+        "loss_config clip_eps_low=1.0 must be < 1 "
+        "(the ratio is clipped to [1 - clip_eps_low, 1 + clip_eps_high])"
+    )
+
+
+def test_clip_ratio_c_must_be_a_number_above_one() -> None:
+    assert make_ppo().configure({"clip_ratio_c": 1.5})["clip_ratio_c"] == 1.5
+    for bad in (1.0, True, "3"):
+        assert _refusal(make_ppo(), {"clip_ratio_c": bad}) == (
+            f"loss_config clip_ratio_c={bad!r} must be None or a number > 1"
+        )
+
+
+def test_eps_clip_may_repeat_a_side_but_not_contradict_it() -> None:
+    cfg = make_ppo().configure({"eps_clip": 0.3, "clip_eps_low": 0.3})
+    assert (cfg["clip_eps_low"], cfg["clip_eps_high"]) == (0.3, 0.3)
+    assert _refusal(make_ppo(), {"eps_clip": 0.3, "clip_eps_low": 0.1}) == (
+        "loss_config eps_clip=0.3 disagrees with clip_eps_low=0.1; "
+        "eps_clip sets ['clip_eps_low', 'clip_eps_high']"
+    )
+
+
+def test_required_fields_and_entropy_follow_the_coefficients() -> None:
+    grpo = make_grpo()
+    assert grpo.required_fields({}) == {"advantages"}
+    assert grpo.required_fields({"kl_coef": 0.1}) == {"advantages", "ref_log_probs"}
+    assert not grpo.needs_entropy({}) and not grpo.needs_entropy({"entropy_coef": 0.0})
+    assert grpo.needs_entropy({"entropy_coef": 0.1})
+
+
+def test_missing_reference_or_entropy_names_the_loss_and_the_coefficient() -> None:
+    loss = make_importance_sampling()
+    with pytest.raises(LossConfigError) as info:
+        run(loss, {"kl_coef": 0.5})
+    assert str(info.value) == (
+        "loss 'importance_sampling' has kl_coef=0.5 but the batch has no 'ref_log_probs'"
+    )
+    with pytest.raises(LossConfigError) as info:
+        run(make_grpo(), {"entropy_coef": 0.25})
+    assert str(info.value) == "loss 'grpo' has entropy_coef=0.25 but the engine gave no 'entropy'"
+
+
+def test_k2_is_half_the_squared_log_ratio() -> None:
+    lp, ref = torch.tensor([[0.0, -1.0, -3.0]]), torch.tensor([[0.0, -2.0, -0.5]])
+    kl = kl_penalty(lp, ref, "k2", torch.tensor([[False, True, True]]))
+    assert kl.tolist() == [[0.0, 0.5, 0.5 * 2.5 * 2.5]]
+
+
+def test_k3_clamps_the_log_ratio_at_twenty_both_ways() -> None:
+    lp, ref = torch.tensor([[30.0, -30.0]], dtype=torch.float64), torch.zeros(1, 2).double()
+    kl = kl_penalty(lp, ref, "k3", torch.ones(1, 2, dtype=torch.bool))
+    assert kl.tolist() == [[math.exp(-20.0) - 1.0 + 20.0, math.exp(20.0) - 1.0 - 20.0]]
+
+
+@pytest.mark.parametrize("make", [make_ppo, make_importance_sampling])
+def test_the_ratio_is_clamped_at_exp_twenty_both_ways(make) -> None:
+    far = torch.tensor([[0.0, -25.0, 25.0]], dtype=torch.float64)
+    extra = {
+        "old_log_probs": far,
+        "loss_mask": torch.tensor([[0.0, 1.0, 1.0]], dtype=torch.float64),
+        "advantages": torch.ones(1, 3, dtype=torch.float64),
+        "num_tokens": 2.0,
+        "num_seqs": 1.0,
+    }
+    lp = torch.zeros(1, 3, dtype=torch.float64, requires_grad=True)
+    out = make()(lp, batch(**extra), **make().configure(None))
+    s, n = out.metrics["ratio"]
+    assert s.item() == pytest.approx(math.exp(25.0 - 5.0) + math.exp(-20.0), rel=1e-12)
+    assert n.item() == 2.0
+
+
+@pytest.mark.parametrize("make", [make_grpo, make_ppo, make_importance_sampling])
+def test_policy_losses_report_pg_loss_and_ratio(make) -> None:
+    out = run(make())
+    assert {"pg_loss", "ratio", "loss"} <= set(out.metrics)
+
+
+def test_importance_sampling_without_old_log_probs_has_ratio_one_and_honours_its_config() -> None:
+    b = batch()
+    del b["old_log_probs"]
+    loss = make_importance_sampling()
+    cfg = loss.configure({"aggregation": "seq-mean-token-sum", "kl_coef": 0.5})
+    ref = torch.tensor(LOG_PROBS, dtype=torch.float64)
+    out = loss(log_probs(), {**b, "ref_log_probs": ref}, **cfg)
+    s, n = out.metrics["ratio"]
+    assert (s.item(), n.item()) == (3.0, 3.0)
+    assert out.metrics["kl"][0].item() == 0.0  # the policy is its own reference here
+    # seq-mean-token-sum: (-(1 + 1) + 2) / 2 sequences
+    assert out.loss.item() == pytest.approx((-2.0 + 2.0) / 2)
+
+
+def test_cross_entropy_honours_a_non_default_aggregation() -> None:
+    loss = make_cross_entropy()
+    out = loss(log_probs(), batch(), **loss.configure({"aggregation": "seq-mean-token-sum"}))
+    nll = -(math.log(0.5) + math.log(0.25)) - math.log(0.1)
+    assert out.loss.item() == pytest.approx(nll / 2)
+
+
+def test_dual_clip_leaves_positive_advantages_alone() -> None:
+    adv = torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    plain = run(make_ppo(), advantages=adv)
+    dual = run(make_ppo(), {"clip_ratio_c": 3.0}, advantages=adv)
+    assert dual.loss.item() == plain.loss.item()
+    assert dual.metrics["dual_clip_frac"][0].item() == 0.0
+
+
+def test_dual_clip_counts_only_tokens_strictly_past_the_cap() -> None:
+    # ratio exactly 2 on one token with A = -1 and c = 2: the loss equals the cap, not past it
+    two = torch.tensor([[0.0, math.log(2.0), 0.0]], dtype=torch.float64)
+    extra = {
+        "old_log_probs": torch.zeros(1, 3, dtype=torch.float64),
+        "loss_mask": torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64),
+        "advantages": -torch.ones(1, 3, dtype=torch.float64),
+        "num_tokens": 1.0,
+        "num_seqs": 1.0,
+    }
+    loss = make_ppo()
+    lp = two.clone().requires_grad_(True)
+    out = loss(lp, batch(**extra), **loss.configure({"clip_ratio_c": 2.0}))
+    assert math.exp(math.log(2.0)) == 2.0
+    assert out.metrics["dual_clip_frac"][0].item() == 0.0
+
+
+def test_counts_are_in_the_dtype_of_the_values() -> None:
+    values = torch.ones(2, 3, dtype=torch.float64)
+    weights = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    _, _, count = aggregate(values, weights, "seq-mean-token-mean", 2.0, 2.0)
+    assert count.dtype == torch.float64 and count.item() == 1.0
+
+
+def test_a_token_metric_weighs_each_value_by_its_weight() -> None:
+    values = torch.tensor([[2.0, 4.0, 8.0]])
+    total, count = token_metric(values, torch.tensor([[0.5, 0.25, 0.0]]))
+    assert (total.item(), count.item()) == (2.0, 0.75)

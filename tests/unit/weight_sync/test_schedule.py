@@ -87,3 +87,71 @@ def test_unknown_sender_or_target_is_an_error():
         s.for_sender(5)
     with pytest.raises(TopologyError, match="replica 7"):
         s.for_target(7, 0)
+
+
+# --- exact edges (each kills a mutant the tests above let through) --------------------------
+
+
+@pytest.mark.parametrize("field", ["training_gpus", "inference_replicas", "inference_tp"])
+@pytest.mark.parametrize("bad", [0, True, 2.0])
+def test_a_count_that_is_not_a_positive_int_is_refused_by_its_exact_name(field, bad):
+    counts = {"training_gpus": 1, "inference_replicas": 1, "inference_tp": 1, field: bad}
+    with pytest.raises(TopologyError) as info:
+        TransferSchedule.build("dp", **counts)
+    assert str(info.value) == f"{field} must be an integer >= 1, got {bad!r}"
+
+
+def test_the_default_base_port_is_29500():
+    s = TransferSchedule.build("dp", 1, 1, 1)
+    assert s.base_port == 29500 and s.transfers[0].port == 29500
+
+
+def test_ports_may_run_from_1_up_to_exactly_65535():
+    assert TransferSchedule.build("dp", 1, 1, 1, base_port=1).transfers[0].port == 1
+    last = TransferSchedule.build("dp", 1, 2, 2, base_port=65532)
+    assert [t.port for t in last.transfers] == [65532, 65533, 65534, 65535]
+
+
+@pytest.mark.parametrize(
+    ("base_port", "message"),
+    [
+        (0, "ports 0..3 for 2 replicas x tp 2 do not fit in 1..65535"),
+        (65533, "ports 65533..65536 for 2 replicas x tp 2 do not fit in 1..65535"),
+    ],
+)
+def test_ports_outside_1_to_65535_are_refused_naming_the_range(base_port, message):
+    with pytest.raises(TopologyError) as info:
+        TransferSchedule.build("dp", 1, 2, 2, base_port=base_port)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("sharding", ["dp", "fsdp"])
+def test_the_schedule_keeps_every_input_it_was_built_from(sharding):
+    s = TransferSchedule.build(sharding, 3, 2, 2, base_port=31000)
+    assert (s.training_sharding, s.training_gpus, s.inference_replicas, s.inference_tp) == (
+        sharding,
+        3,
+        2,
+        2,
+    )
+    assert s.base_port == 31000
+
+
+def test_from_config_takes_every_field_of_the_config():
+    config = WeightSyncConfig(
+        training_sharding="fsdp",
+        training_gpus=3,
+        inference_replicas=2,
+        inference_tp=2,
+        base_port=31000,
+    )
+    s = TransferSchedule.from_config(config)
+    assert s == TransferSchedule.build("fsdp", 3, 2, 2, base_port=31000)
+
+
+def test_a_rank_equal_to_the_rank_count_is_outside_with_the_exact_range():
+    s = TransferSchedule.build("dp", 2, 2, 1)
+    with pytest.raises(TopologyError) as info:
+        s.for_sender(2)
+    assert str(info.value) == "training rank 2 is outside 0..1"
+    assert s.for_sender(1) == (s.transfers[1],)
