@@ -82,18 +82,23 @@ class ArcticRLClient:
             self.job_ids[job_type] = job_id
 
     def _create_jobs(self) -> None:
+        """Ask for every job first, so their engines start side by side, then await each."""
         payload = self.config.initialize_payload()
-        for job_type in JOB_ORDER:
-            if _gpus(self.config, job_type) <= 0:
-                continue
-            answer = self.transport.call("initialize", {"job_type": job_type, "config": payload})
-            job_id = int(answer["job_id"])
-            self.job_ids[job_type] = job_id
-            try:
-                self._wait_running(job_type, job_id)
-            except BaseException:
-                self._destroy_jobs()
-                raise
+        try:
+            for job_type in JOB_ORDER:
+                if _gpus(self.config, job_type) <= 0:
+                    continue
+                answer = self.transport.call(
+                    "initialize", {"job_type": job_type, "config": payload}
+                )
+                self.job_ids[job_type] = int(answer["job_id"])
+            for job_type in JOB_ORDER:
+                job_id = self.job_ids[job_type]
+                if job_id is not None:
+                    self._wait_running(job_type, job_id)
+        except BaseException:
+            self._destroy_jobs()
+            raise
 
     def _wait_running(self, job_type: str, job_id: int) -> None:
         timeout = self.config.job_ready_timeout

@@ -334,6 +334,14 @@ class ArcticRLClientConfig(BaseModel):
                     "should get, or set training_job_id / sampling_job_id / log_prob_job_id to "
                     "reconnect to running jobs"
                 )
+        backend = get_registry().get("backend", self.backend)
+        spoken = getattr(backend, "transports", ())
+        if spoken and self.comm_protocol not in spoken:
+            raise ValueError(
+                f"backend={self.backend!r} speaks comm_protocol "
+                f"{' or '.join(repr(t) for t in spoken)} only; got "
+                f"comm_protocol={self.comm_protocol!r} (set comm_protocol={spoken[0]!r})"
+            )
         transport = get_registry().get("transport", self.comm_protocol)
         if transport.network_address:
             if self.host is None:

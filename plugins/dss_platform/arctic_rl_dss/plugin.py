@@ -13,4 +13,5 @@ def arctic_rl_register_backends() -> Iterator[BackendSpec]:
         factory="arctic_rl_dss.backend:DssPlatformBackend",
         description="jobs on a remote platform (DSS protocol); no local processes",
         server_factory="arctic_rl_dss.serve:serve_platform",
+        transports=("http",),  # its own http client to the platform; no ray transport
     )

@@ -84,10 +84,13 @@ class BackendSpec(_Spec):
     (``arctic-rl platform serve --backend NAME``); it is called with keyword arguments.
     ``needs_gpus``: a config for this backend that creates jobs must give at least one job
     GPUs (checked when the config is built; a reconnecting config creates nothing).
+    ``transports``: the ``comm_protocol`` values this backend speaks (empty: any of them);
+    a config naming another is refused when it is built.
     """
 
     server_factory: Any = None
     needs_gpus: bool = False
+    transports: tuple[str, ...] = ()
 
     def load_server(self) -> Any:
         """The platform-server factory, importing it when it is a lazy string."""

@@ -809,7 +809,18 @@ class JobManager:
                         logger.warning("job %d: close failed: %s", job.job_id, exc)
                 job.set_state(JobState.TERMINATED, reason="destroyed")
             self._release(job)
+        if job.config.get("colocate"):
+            self._drop_unused_colocation_group()
         return job
+
+    def _drop_unused_colocation_group(self) -> None:
+        """Free the shared bundles once no colocated job is left, so the next may size them."""
+        with self._lock:
+            live = any(
+                j.config.get("colocate") and not j.state.terminal for j in self.jobs.values()
+            )
+            if not live:
+                self._remove_colocation_group()
 
     def stop_all(self) -> None:
         """Stop every job's workers and leave the job table as it is (for ``--resume``)."""
