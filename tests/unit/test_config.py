@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -410,3 +411,26 @@ def test_any_single_job_id_is_reconnect_mode_without_gpus():
     for field in ("training_job_id", "sampling_job_id", "log_prob_job_id"):
         config = ArcticRLClientConfig(model_name="m", host="127.0.0.1", port=7000, **{field: 3})
         assert config.reconnect_mode, field
+
+
+# --- exact edges (each kills a mutant the tests above let through) --------------------------
+
+
+def test_an_unknown_plugin_name_says_which_config_field_holds_it():
+    with pytest.raises(ValidationError) as info:
+        ArcticRLClientConfig(model_name="m", host="127.0.0.1", training_gpus=1, backend="locall")
+    assert "Unknown backend 'locall' (config field backend). Installed: " in str(info.value)
+
+
+def test_the_initialize_payload_is_plain_json_even_for_a_tuple_in_an_extra_key():
+    config = ArcticRLClientConfig(
+        model_name="m",
+        host="127.0.0.1",
+        training_gpus=1,
+        training_job_id=None,
+        training_config={"optimizer": {"lr": 1e-3, "betas": (0.9, 0.95)}},
+    )
+    payload = config.initialize_payload()
+    assert payload == json.loads(json.dumps(payload))
+    assert payload["training_config"]["optimizer"]["betas"] == [0.9, 0.95]
+    assert not {"training_job_id", "sampling_job_id", "log_prob_job_id"} & set(payload)

@@ -106,3 +106,55 @@ def test_serve_resume_takes_address_transport_token_and_gpus_from_the_table(tmp_
     args = build_parser().parse_args(["serve", "--resume", str(tmp_path), "--port", "7200"])
     _serve_settings(args)
     assert args.port == 7200  # an explicit option wins
+
+
+# --- exact messages and edges (each kills a mutant the tests above let through) -------------
+
+
+def test_a_table_goes_into_a_run_dir_that_does_not_exist_yet(tmp_path):
+    run_dir = tmp_path / "runs" / "new"
+    table = JobTable(next_job_id=2, jobs=[_record(1, "running")])
+    assert save_table(run_dir, table).parent == run_dir
+    assert load_table(run_dir) == table
+
+
+def test_the_snapshot_is_sorted_json_with_one_space_indents(tmp_path):
+    table = JobTable(next_job_id=2, jobs=[_record(1, "running")])
+    text = save_table(tmp_path, table).read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=1, sort_keys=True)
+
+
+def test_an_unreadable_table_is_an_error_naming_it(tmp_path):
+    state_path(tmp_path).mkdir()  # a directory where the file should be
+    with pytest.raises(JobTableError) as info:
+        load_table(tmp_path)
+    assert str(info.value).startswith(f"cannot read the job table {state_path(tmp_path)}: ")
+
+
+def test_a_log_change_that_does_not_fit_the_snapshot_names_the_log(tmp_path):
+    from arctic_platform.rl.server import job_log
+
+    save_table(tmp_path, JobTable(next_job_id=2, log_id="L", jobs=[_record(1, "running")]))
+    lines = [{"log_id": "L"}, {"job_id": 1, "set": 5}]
+    job_log.log_path(tmp_path).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(JobTableError) as info:
+        load_table(tmp_path)
+    assert str(info.value).startswith(
+        f"{job_log.log_path(tmp_path)} holds a change that does not fit "
+        f"{state_path(tmp_path)}: TypeError("
+    )
+
+
+def test_the_journal_appends_until_the_log_is_past_its_bound_not_at_it(tmp_path):
+    from arctic_platform.rl.server.job_table import JobJournal
+
+    journal = JobJournal(tmp_path)
+    record = _record(1, "running")
+    journal.compact(JobTable(next_job_id=2, jobs=[record]))
+    journal.limit_bytes = journal.log_bytes  # exactly at the bound: still appends
+    assert journal.append(record.model_copy(update={"global_step": 1}), 2)
+    journal.limit_bytes = journal.log_bytes - 1  # past it: compact instead
+    assert not journal.append(record.model_copy(update={"global_step": 2}), 2)
+    journal.close()
+    assert load_table(tmp_path).jobs[0].global_step == 1

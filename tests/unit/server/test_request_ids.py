@@ -112,3 +112,18 @@ def test_a_job_manager_keeps_request_ids_when_it_persists(tmp_path):
     job.changed()
     table = load_table(tmp_path)
     assert table is not None and table.jobs[0].request_ids[0].result == {"loss": 3.0}
+
+
+@pytest.mark.parametrize(("kind", "operation"), [("step", "step"), ("fb", "fwd_bwd")])
+def test_a_rolled_back_retry_names_its_operation_id_steps_and_what_to_do(kind, operation):
+    records: list = []
+    remember_request(records, f"{kind}:run:7", 5, {"loss": 1.0})  # an id holding a colon
+    roll_back_requests(records, 4)
+    with pytest.raises(RolledBackError) as info:
+        replay_request(records, f"{kind}:run:7", 3, 6)
+    assert str(info.value) == (
+        f"{operation} request 'run:7' of job 3 was applied on step 5, which was rolled back "
+        "when the job was restored to its checkpoint at step 4; the job is at step 6 now: go "
+        "on from there (a repeat of this request is applied again once the job is back on "
+        "step 5)"
+    )
