@@ -172,3 +172,63 @@ def test_a_refused_seq_id_does_not_hold_up_the_next_one():
     lane.skip(1)
     assert done.wait(10)
     lane.close()
+
+
+def _coalescer(window: float = 5.0, quiet: float = 0.2, max_items: int = 100):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from arctic_rl_tinker.futures import Coalescer
+
+    batches: list[tuple[str, list[int]]] = []
+    done = threading.Event()
+
+    def dispatch(key: str, items: list[int]) -> None:
+        batches.append((key, list(items)))
+        done.set()
+
+    pool = ThreadPoolExecutor(4)
+    return Coalescer(dispatch, pool.submit, quiet=quiet, window=window, max_items=max_items), (
+        batches,
+        done,
+        pool,
+    )
+
+
+def test_items_of_one_key_that_arrive_together_go_as_one_batch_and_keys_never_mix():
+    coalescer, (batches, _, pool) = _coalescer(quiet=0.3)
+    for i in range(5):
+        coalescer.add("a", i)
+        coalescer.add("b", 10 + i)
+    pool.shutdown(wait=True)
+    assert sorted(batches) == [("a", [0, 1, 2, 3, 4]), ("b", [10, 11, 12, 13, 14])]
+
+
+def test_a_batch_goes_when_its_key_is_quiet_and_a_later_item_opens_a_new_one():
+    coalescer, (batches, done, pool) = _coalescer(quiet=0.05)
+    coalescer.add("a", 1)
+    assert done.wait(10)
+    done.clear()
+    coalescer.add("a", 2)
+    assert done.wait(10)
+    pool.shutdown(wait=True)
+    assert batches == [("a", [1]), ("a", [2])]
+
+
+def test_a_full_batch_goes_at_once_without_waiting_for_its_window():
+    coalescer, (batches, done, pool) = _coalescer(window=600.0, quiet=600.0, max_items=3)
+    for i in range(3):
+        coalescer.add("a", i)
+    assert done.wait(10)  # neither the quiet time nor the window has passed
+    pool.shutdown(wait=False)
+    assert batches == [("a", [0, 1, 2])]
+
+
+def test_a_key_that_keeps_getting_items_still_goes_at_its_window():
+    coalescer, (batches, done, pool) = _coalescer(window=0.2, quiet=600.0)
+    for i in range(100):  # an item every 20 ms for 2 s: never quiet
+        coalescer.add("a", i)
+        threading.Event().wait(0.02)
+    assert done.wait(10)
+    pool.shutdown(wait=False)
+    assert batches[0][1] == list(range(len(batches[0][1])))
+    assert len(batches[0][1]) < 100

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -40,7 +41,7 @@ CLIENT_CONFIG = {
     "sample_use_retrieve_futures": False,
     "custom_loss_server_side": False,
     "sample_join_sampling_session": False,
-    "use_pyqwest_transport": False,
+    "use_pyqwest_transport": True,
 }
 """The feature flags this server answers to ``/api/v1/client/config``."""
 
@@ -209,27 +210,41 @@ def _accepted(future: Future, **extra: Any) -> Response:
     return _json({"request_id": future.request_id, **extra})
 
 
+class _Guard:
+    """The API key and body-size checks before any route, as a plain ASGI layer (Starlette's
+    ``BaseHTTPMiddleware`` adds a task and a body stream per request)."""
+
+    def __init__(self, app: Any, expected: bytes | None) -> None:
+        self.app = app
+        self.expected = expected
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            try:
+                self._check(Headers(scope=scope), scope["path"])
+            except ArcticRLError as exc:
+                await _error(getattr(exc, "status", 400), str(exc))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, headers: Headers, path: str) -> None:
+        if self.expected is not None and path not in OPEN_PATHS:
+            supplied = headers.get("x-api-key", "")
+            if not supplied:
+                raise AuthError("missing X-API-Key header (set TINKER_API_KEY)")
+            if not hmac.compare_digest(supplied.encode(), self.expected):
+                raise AuthError("the API key was refused")
+        size = headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+            raise _HttpError(413, f"the body is over {MAX_BODY_BYTES} bytes")
+
+
 def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
     """The Tinker REST app over ``frontend``; ``token`` None disables the key check."""
     app = FastAPI(title="Arctic RL: Tinker API", version=__version__, docs_url=None)
     expected = token.encode() if token is not None else None
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        try:
-            if expected is not None and request.url.path not in OPEN_PATHS:
-                supplied = request.headers.get("x-api-key", "")
-                if not supplied:
-                    raise AuthError("missing X-API-Key header (set TINKER_API_KEY)")
-                if not hmac.compare_digest(supplied.encode(), expected):
-                    raise AuthError("the API key was refused")
-            size = request.headers.get("content-length")
-            if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-                raise _HttpError(413, f"the body is over {MAX_BODY_BYTES} bytes")
-            response: Response = await call_next(request)
-            return response
-        except ArcticRLError as exc:
-            return _error(getattr(exc, "status", 400), str(exc))
+    app.add_middleware(_Guard, expected=expected)
 
     def route(path: str, method: str = "POST") -> Any:
         def wrap(handler: Any) -> Any:

@@ -7,6 +7,8 @@ holds only the Tinker-side names (ids, paths, versions); every job state lives i
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 import time
@@ -17,13 +19,28 @@ from typing import Any
 
 from arctic_platform.rl.api import ArcticRLError, InvalidRequestError, JobError, RLServer
 from arctic_rl_tinker import convert
-from arctic_rl_tinker.futures import Future, Futures, Lane, Outcome, failure, run_into
+from arctic_rl_tinker.futures import (
+    Coalescer,
+    Future,
+    Futures,
+    Lane,
+    Outcome,
+    failure,
+    run_into,
+)
 from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens sampled when a request leaves ``max_tokens`` unset."""
+SAMPLE_QUIET = 0.003
+"""Seconds a sampler's open batch waits for one more asample before it goes to ``generate``."""
+SAMPLE_WINDOW = 0.025
+"""The most seconds an asample waits for others of its sampler (the SDK sends a group's
+prompts as separate requests, which arrive a few ms apart)."""
+MAX_SAMPLE_BATCH = 256
+"""Most prompts in one shared ``generate``."""
 SESSION_TTL = 120.0
 """Seconds without a heartbeat (the SDK beats every 10 s) after which a session's models go."""
 
@@ -114,6 +131,13 @@ class TinkerFrontend:
         self.paths: dict[str, tuple[str, str, Any]] = {}  # tinker path -> (kind, model, what)
         self._base_samplers: dict[str, int] = {}  # base model -> its own sampling job
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tinker-work")
+        self._samples = Coalescer(
+            self._dispatch_samples,
+            self._pool.submit,
+            quiet=SAMPLE_QUIET,
+            window=SAMPLE_WINDOW,
+            max_items=MAX_SAMPLE_BATCH,
+        )
         self._finished: set[str] = set()
         self.session_ttl = session_ttl
         self._stop = threading.Event()
@@ -508,29 +532,77 @@ class TinkerFrontend:
         if want_prompt:
             params["prompt_logprobs"] = True
         future = self.futures.new("sample")
+        item = _SampleItem(sampler, prompt, future, want_prompt, last_n)
+        if params.get("seed") is not None:  # seeds go per prompt in a batch: never shared
+            self._pool.submit(self._run_samples, params, [item])
+        else:
+            key = (sampler.job_id, sampler.version, json.dumps(params, sort_keys=True))
+            self._samples.add(key, (params, item))
+        return future
 
-        def work() -> Outcome:
-            info = self.server.handle("get_job", {"job_id": sampler.job_id})
-            if info.get("weight_version", 0) != sampler.version:
-                raise StaleWeightsError(
-                    f"sampler {sampler.sampler_id} was opened on weight version "
-                    f"{sampler.version} ({sampler.model_path or sampler.base_model}); the "
-                    f"sampling job now serves version {info.get('weight_version')}: open a "
-                    "sampler on the newer save_weights_for_sampler path"
-                )
+    def _dispatch_samples(self, _: Any, batch: list[tuple[dict[str, Any], _SampleItem]]) -> None:
+        self._run_samples(batch[0][0], [item for _, item in batch])
+
+    def _run_samples(self, params: dict[str, Any], items: list[_SampleItem]) -> None:
+        """One ``generate`` for the prompts of ``items`` (one sampling job and weight version,
+        the same parameters); if it refuses them, each prompt alone, so that a bad prompt
+        fails only its own request."""
+        job_id, version = items[0].sampler.job_id, items[0].sampler.version
+        try:
+            info = self.server.handle("get_job", {"job_id": job_id})
+            if info.get("weight_version", 0) != version:
+                for item in items:
+                    item.future.set(failure(item.stale(info.get("weight_version"))))
+                return
             answer = self.server.handle(
                 "generate",
-                {"job_id": sampler.job_id, "prompts": [prompt], "sampling_params": params},
+                {
+                    "job_id": job_id,
+                    "prompts": [item.prompt for item in items],
+                    "sampling_params": params,
+                },
             )
-            output = answer["outputs"][0]
-            prompt_lps = output.get("prompt_logprobs") if want_prompt else None
-            if prompt_lps is not None and last_n is not None:
-                keep = int(last_n)
-                prompt_lps = [None] * (len(prompt_lps) - keep) + list(prompt_lps[-keep:])
-            return Outcome(proto=convert.sample_output(output["completions"], prompt_lps))
+        except InvalidRequestError as exc:
+            if len(items) == 1:
+                items[0].future.set(failure(exc))
+            else:
+                for item in items:
+                    self._run_samples(params, [item])
+            return
+        except BaseException as exc:
+            for item in items:
+                item.future.set(failure(exc))
+            return
+        for item, output in zip(items, answer["outputs"], strict=True):
+            run_into(item.future, functools.partial(item.outcome, output))
 
-        self._pool.submit(run_into, future, work)
-        return future
+
+@dataclass
+class _SampleItem:
+    """One asample request waiting for its share of a ``generate``."""
+
+    sampler: Sampler
+    prompt: list[int]
+    future: Future
+    want_prompt: bool
+    last_n: int | None
+
+    def stale(self, serving: Any) -> StaleWeightsError:
+        """The error for a sampler whose job now serves newer weights."""
+        sampler = self.sampler
+        return StaleWeightsError(
+            f"sampler {sampler.sampler_id} was opened on weight version {sampler.version} "
+            f"({sampler.model_path or sampler.base_model}); the sampling job now serves "
+            f"version {serving}: open a sampler on the newer save_weights_for_sampler path"
+        )
+
+    def outcome(self, output: dict[str, Any]) -> Outcome:
+        """This prompt's completions (and prompt log-probs, when asked) as a SampleResponse."""
+        prompt_lps = output.get("prompt_logprobs") if self.want_prompt else None
+        if prompt_lps is not None and self.last_n is not None:
+            keep = int(self.last_n)
+            prompt_lps = [None] * (len(prompt_lps) - keep) + list(prompt_lps[-keep:])
+        return Outcome(proto=convert.sample_output(output["completions"], prompt_lps))
 
 
 def prompt_tokens(prompt: Any) -> list[int]:

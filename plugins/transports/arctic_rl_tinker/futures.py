@@ -2,7 +2,8 @@
 
 A ``Future`` is completed from a worker thread and awaited from the event loop (long-poll),
 so a poll costs no thread while it waits. ``Lane`` runs one model's requests in ``seq_id``
-order, whatever order they arrive in.
+order, whatever order they arrive in; ``Coalescer`` gathers requests that arrive together
+(one sampler's samples) into one batch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,3 +165,65 @@ class Lane:
                 work()
             except Exception:  # work completes its own future; never let the lane die
                 logger.exception("tinker lane %s: a request raised", self.name)
+
+
+class Coalescer:
+    """Gathers items submitted under one key within a short window into one batch.
+
+    A key's first item opens a batch; the batch goes to ``dispatch(key, items)`` (on a pool
+    thread) once no item of its key came for ``quiet`` seconds, ``window`` seconds after it
+    opened, or at ``max_items`` items, whichever is first. Items of other keys never mix."""
+
+    def __init__(
+        self,
+        dispatch: Callable[[Any, list[Any]], None],
+        submit: Callable[..., Any],
+        *,
+        quiet: float,
+        window: float,
+        max_items: int,
+    ) -> None:
+        self._dispatch = dispatch
+        self._submit = submit
+        self.quiet = quiet
+        self.window = window
+        self.max_items = max_items
+        self._cond = threading.Condition()
+        self._open: dict[Any, _Open] = {}
+
+    def add(self, key: Any, item: Any) -> None:
+        """Add ``item`` to ``key``'s open batch, opening one if there is none."""
+        now = time.monotonic()
+        with self._cond:
+            batch = self._open.get(key)
+            start = batch is None
+            if batch is None:
+                batch = self._open[key] = _Open(opened=now)
+            batch.items.append(item)
+            batch.last = now
+            if len(batch.items) >= self.max_items:
+                del self._open[key]
+                batch.full = True
+                self._cond.notify_all()
+        if start:
+            self._submit(self._hold, key, batch)
+
+    def _hold(self, key: Any, batch: _Open) -> None:
+        with self._cond:
+            while not batch.full:
+                due = min(batch.opened + self.window, batch.last + self.quiet)
+                wait = due - time.monotonic()
+                if wait <= 0:
+                    if self._open.get(key) is batch:
+                        del self._open[key]
+                    break
+                self._cond.wait(wait)
+        self._dispatch(key, batch.items)
+
+
+@dataclass
+class _Open:
+    opened: float
+    last: float = 0.0
+    full: bool = False
+    items: list[Any] = field(default_factory=list)
