@@ -5,8 +5,9 @@ A step: sample (``prompts`` x ``group`` completions) → forward_backward with T
 save_weights_for_sampler (a weight sync) and a sampler on it. The Tinker side is the real
 ``tinker`` SDK against ``arctic-rl serve --transport tinker``; the other side is
 ``ArcticRLClient`` over http with the same loss plugin (``tinker.importance_sampling``), the
-same batch and the same AdamW settings. Both servers stay up; steps alternate; medians are
-compared (goal: ratio <= 1.10).
+same batch and the same AdamW settings. Both servers stay up; each round times one step on
+each side, in alternating order; the figure is the median of the rounds' ratios, with their
+spread, each part of the step and the load average (goal: ratio <= 1.10).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 TOKEN = "tml-bench-key"
+PHASES = ("sample", "build", "fwd_bwd", "optim", "sync")
+"""Parts of a step, timed on each side (``build``: the client's batch, no server work)."""
 ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
 
 
@@ -97,14 +100,18 @@ def _advantages(groups: list[list[list[int]]]) -> list[list[float]]:
     return out
 
 
-def _tinker_step(training: Any, sampler: Any, prompts: list[list[int]], params: Any) -> Any:
+def _tinker_step(
+    training: Any, sampler: Any, prompts: list[list[int]], params: Any, phases: dict[str, float]
+) -> Any:
     import tinker
 
+    t0 = time.perf_counter()
     futures = [
         sampler.sample(tinker.ModelInput.from_ints(p), params["group"], params["sp"])
         for p in prompts
     ]
     results = [f.result() for f in futures]
+    t1 = time.perf_counter()
     groups = [[list(s.tokens) for s in r.sequences] for r in results]
     advs = _advantages(groups)
     data = []
@@ -127,14 +134,24 @@ def _tinker_step(training: Any, sampler: Any, prompts: list[list[int]], params: 
                     },
                 )
             )
+    t2 = time.perf_counter()
     fwd = training.forward_backward(data, "importance_sampling")
     opt = training.optim_step(tinker.AdamParams(**ADAM))
     fwd.result()
+    t3 = time.perf_counter()
     opt.result()
-    return training.save_weights_and_get_sampling_client().result()
+    t4 = time.perf_counter()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    t5 = time.perf_counter()
+    for name, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+        phases[name] = seconds
+    return sampler
 
 
-def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> None:
+def _arctic_step(
+    client: Any, prompts: list[list[int]], params: Any, phases: dict[str, float]
+) -> None:
+    t0 = time.perf_counter()
     outputs = client.generate(
         prompts,
         {
@@ -143,6 +160,7 @@ def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> None:
             "temperature": 1.0,
         },
     )["outputs"]
+    t1 = time.perf_counter()
     groups = [[c["token_ids"] for c in out["completions"]] for out in outputs]
     advs = _advantages(groups)
     batch: dict[str, list[list[Any]]] = {
@@ -160,7 +178,9 @@ def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> None:
             batch["old_log_probs"].append([0.0, *r["logprobs"]])
             batch["advantages"].append([0.0, *r["advantages"]])
             batch["loss_mask"].append([0.0] + [1.0] * r["n"])
+    t2 = time.perf_counter()
     client.fwd_bwd(batch, "tinker.importance_sampling", return_log_probs=True)
+    t3 = time.perf_counter()
     client.step(
         ADAM["learning_rate"],
         beta1=ADAM["beta1"],
@@ -169,23 +189,44 @@ def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> None:
         weight_decay=ADAM["weight_decay"],
         grad_clip_norm=0.0,
     )
+    t4 = time.perf_counter()
     client.sync_weights()
+    t5 = time.perf_counter()
+    for name, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+        phases[name] = seconds
 
 
-def _paired(a: Callable[[], Any], b: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    a()
-    b()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, out in zip((a, b), times, strict=True):
+Step = Callable[[dict[str, float]], Any]
+
+
+def _paired(a: Step, b: Step, repeats: int) -> dict[str, Any]:
+    """``repeats`` rounds of one step each side, the order alternating (AB, BA, ...).
+
+    Each round's ratio a/b is a pair measured back to back, so load that changes slowly
+    moves both sides of a pair alike; the median of the pairs' ratios is the figure."""
+    a({})
+    b({})
+    rounds: list[dict[str, Any]] = []
+    for i in range(repeats):
+        round_: dict[str, Any] = {}
+        order = (("tinker", a), ("arctic_rl_client", b))
+        for name, fn in order if i % 2 == 0 else order[::-1]:
+            phases: dict[str, float] = {}
             t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+            fn(phases)
+            round_[name] = {"total": time.perf_counter() - t0, **phases}
+        round_["ratio"] = round_["tinker"]["total"] / round_["arctic_rl_client"]["total"]
+        round_["load_1min"] = os.getloadavg()[0]
+        rounds.append(round_)
+    return {"rounds": rounds}
 
 
-def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 3) -> dict:
-    """Median seconds of one step through each front-end, and their ratio."""
+def _median_of(rounds: list[dict[str, Any]], side: str, key: str) -> float:
+    return statistics.median(r[side][key] for r in rounds)
+
+
+def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9) -> dict:
+    """Median seconds of one step through each front-end, the median of paired ratios."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import tinker
 
@@ -217,8 +258,10 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 3
         training = service.create_lora_training_client(base_model=model, rank=8).result()
         state = {"sampler": training.save_weights_and_get_sampling_client().result()}
 
-        def tinker_step() -> None:
-            state["sampler"] = _tinker_step(training, state["sampler"], batch_prompts, params)
+        def tinker_step(phases: dict[str, float]) -> None:
+            state["sampler"] = _tinker_step(
+                training, state["sampler"], batch_prompts, params, phases
+            )
 
         config = ArcticRLClientConfig(
             model_name=model,
@@ -232,9 +275,13 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 3
         )
         client = ArcticRLClient(config, progress=False)
         client.sync_weights()
-        via_tinker, via_client = _paired(
-            tinker_step, lambda: _arctic_step(client, batch_prompts, params), repeats
+        load_start = os.getloadavg()
+        paired = _paired(
+            tinker_step,
+            lambda phases: _arctic_step(client, batch_prompts, params, phases),
+            repeats,
         )
+        load_end = os.getloadavg()
     finally:
         if client is not None:
             client.shutdown()
@@ -243,11 +290,27 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 3
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             server.kill()
+    rounds = paired["rounds"]
+    ratios = [r["ratio"] for r in rounds]
+    sides = ("tinker", "arctic_rl_client")
     return {
         "workload": {"prompts": prompts, "group": group, "max_tokens": max_tokens},
-        "method": "tinker SDK step and ArcticRLClient step alternate, both servers up (medians)",
-        "seconds": {"tinker": via_tinker, "arctic_rl_client": via_client},
-        "ratio": via_tinker / via_client,
+        "method": (
+            "one step each side per round, the order alternating (AB, BA, ...), both servers "
+            "up; ratio: median over rounds of tinker/arctic_rl_client"
+        ),
+        "repeats": repeats,
+        "seconds": {side: _median_of(rounds, side, "total") for side in sides},
+        "phases_median": {
+            side: {name: _median_of(rounds, side, name) for name in PHASES} for side in sides
+        },
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratios": ratios,
+        "load_average_start": list(load_start),
+        "load_average_end": list(load_end),
+        "rounds": rounds,
         "goal": 1.10,
     }
 
@@ -255,18 +318,21 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 3
 def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Markdown-table rows: (benchmark, measured, ratio)."""
     w, s = report["workload"], report["seconds"]
+    load = (report["load_average_start"][0], report["load_average_end"][0])
     return [
         (
             f"cookbook-style RL step via the tinker SDK vs ArcticRLClient "
-            f"({w['prompts']}x{w['group']} samples, {w['max_tokens']} tokens)",
-            f"{s['tinker'] * 1000:.0f} ms vs {s['arctic_rl_client'] * 1000:.0f} ms",
-            f"{report['ratio']:.3f}",
+            f"({w['prompts']}x{w['group']} samples, {w['max_tokens']} tokens, "
+            f"{report['repeats']} alternating pairs)",
+            f"{s['tinker'] * 1000:.0f} ms vs {s['arctic_rl_client'] * 1000:.0f} ms "
+            f"(load {load[0]:.1f} -> {load[1]:.1f})",
+            f"{report['ratio']:.3f} (pairs {report['ratio_min']:.2f}-{report['ratio_max']:.2f})",
         )
     ]
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     print(json.dumps(run(repeats=args.repeats), indent=2))
