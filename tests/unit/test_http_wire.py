@@ -8,11 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from arctic_platform.rl.api import http_common
 from arctic_platform.rl.errors import ServerError, TransportError
 from arctic_platform.rl.operations import BY_NAME, OPERATIONS
 from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame
 from arctic_platform.rl.server.rl_server import RLServer
-from arctic_rl_http.app import _json_bytes, build_app
+from arctic_rl_http.app import build_app
 from arctic_rl_http.client import HttpTransport, _retryable
 
 
@@ -25,7 +26,7 @@ def transport():
 
 def test_numpy_arrays_and_scalars_in_a_result_become_json_lists_and_numbers():
     result = {"a": np.arange(3), "b": np.float32(0.5), "c": [np.int64(2), (1, 2)], "d": None}
-    assert json.loads(_json_bytes(result)) == {
+    assert json.loads(http_common.json_bytes(result)) == {
         "a": [0, 1, 2],
         "b": 0.5,
         "c": [2, [1, 2]],
@@ -34,7 +35,7 @@ def test_numpy_arrays_and_scalars_in_a_result_become_json_lists_and_numbers():
 
 
 def test_non_finite_metrics_survive_a_json_answer():
-    decoded = json.loads(_json_bytes({"loss": float("nan"), "grad_norm": float("inf")}))
+    decoded = json.loads(http_common.json_bytes({"loss": float("nan"), "grad_norm": float("inf")}))
     assert math.isnan(decoded["loss"]) and decoded["grad_norm"] == math.inf
 
 

@@ -2,7 +2,8 @@
 
 Everything a backend, transport, engine or loss plugin needs from core is re-exported here:
 the hook marker and spec types, the interfaces and protocols, the config models, the errors,
-the wire models and operations table, the frame codec and batch checks, and a few helpers.
+the wire models and operations table, the frame codec and batch checks, a few helpers, and
+``http_common`` (the JSON, error and client plumbing the HTTP apps and clients share).
 Core's own modules stay where they are; the rest of core is private to plugins
 (``tests/unit/test_plugin_contract.py`` fails when a plugin imports anything else of it).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl import __version__
+from arctic_platform.rl import __version__, http_common
 from arctic_platform.rl.batch import Batch, BatchLimits
 from arctic_platform.rl.config import (
     ArcticRLClientConfig,
@@ -203,6 +204,7 @@ __all__ = [
     "free_port",
     "get_registry",
     "hookimpl",
+    "http_common",
     "is_loopback",
     "is_loopback_address",
     "listening_socket",

@@ -2,9 +2,7 @@
 ``PlatformService``. Every route but ``/health`` and the OpenAPI document needs a user token.
 """
 
-import json
 import logging
-import math
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -15,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from arctic_platform.rl.api import ArcticRLError, PayloadTooLargeError, __version__
+from arctic_platform.rl.api import FRAME_CONTENT_TYPE, ArcticRLError, __version__, http_common
 from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES
 from arctic_rl_dss.models import (
     TOKEN_TYPE_HEADER,
@@ -37,29 +35,9 @@ DEFAULT_MAX_BODY_BYTES = DEFAULT_CHUNK_BYTES + 4 * 1024 * 1024
 """A chunk of 60 MiB plus its envelope; whole frames above that must be chunked."""
 MAX_SUB_JOB_NUMBER = 2**63 - 1
 """Sub-job numbers are SQLite integers; a larger ``?sub_job=`` is a 422, not an overflow."""
-JSON = "application/json"
-OCTET = "application/octet-stream"
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
-def json_response(data: Any, status: int = 200) -> Response:
-    """A JSON answer (non-finite floats written as strings, so every client can parse it)."""
-    body = json.dumps(_clean(data), separators=(",", ":")).encode()
-    return Response(body, status_code=status, media_type=JSON)
-
-
-def error_response(status: int, message: str, code: str, **extra: Any) -> Response:
-    """``{"message", "code"}`` with ``status``."""
-    return json_response({"message": message, "code": code, **extra}, status)
+CHUNK_ADVICE = "; send frames over 60 MiB as chunks"
+json_response = http_common.json_response
+error_response = http_common.error_response
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -80,7 +58,7 @@ _FRAME_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
-            OCTET: {
+            FRAME_CONTENT_TYPE: {
                 "schema": {
                     "type": "string",
                     "format": "binary",
@@ -105,11 +83,8 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
-            message = (
-                f"a body of {int(declared)} bytes is over the limit of {self.limit} bytes; "
-                "send frames over 60 MiB as chunks"
-            )
-            await error_response(413, message, PayloadTooLargeError.code)(scope, receive, send)
+            refusal = http_common.too_large(self.limit, int(declared), CHUNK_ADVICE)
+            await error_response(refusal.status, str(refusal), refusal.code)(scope, receive, send)
             return
         received = 0
 
@@ -119,9 +94,7 @@ class BodyLimit:
             if message.get("type") == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise PayloadTooLargeError(
-                        f"the body grew past the limit of {self.limit} bytes"
-                    )
+                    raise http_common.too_large(self.limit, None, CHUNK_ADVICE)
             return message
 
         await self.app(scope, limited, send)
@@ -148,21 +121,7 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
     User = Annotated[str, Depends(user)]
 
     async def body_bytes(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise PayloadTooLargeError(
-                f"a body of {declared} bytes is over the limit of {max_body_bytes} bytes; send "
-                "frames over 60 MiB as chunks"
-            )
-        parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > max_body_bytes:
-                raise PayloadTooLargeError(
-                    f"the body grew past the limit of {max_body_bytes} bytes"
-                )
-            parts.append(part)
-        return b"".join(parts)
+        return await http_common.read_body(request, max_body_bytes, CHUNK_ADVICE)
 
     @app.exception_handler(ArcticRLError)
     async def arctic_error(_: Request, exc: Exception) -> Response:
@@ -175,10 +134,7 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
     async def invalid(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         errors = exc.errors()
-        parts = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-            for e in errors
-        ]
+        parts = http_common.error_parts(errors)
         detail = [{k: e.get(k) for k in ("loc", "msg", "type")} for e in errors]
         return error_response(422, "; ".join(parts), "invalid_request", detail=detail)
 
@@ -189,7 +145,7 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
             return error_response(exc.__cause__.status, str(exc.__cause__), exc.__cause__.code)
         if exc.status_code == 400:  # FastAPI: a body that cannot be parsed (not UTF-8 JSON)
             return error_response(422, f"invalid body: {exc.detail}", "invalid_request")
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = http_common.http_error_code(exc.status_code)
         return error_response(exc.status_code, str(exc.detail), code)
 
     @app.get("/health", tags=["service"], summary="liveness (no token)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import random
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from arctic_platform.rl.api import (
     TransportError,
     decode_frame,
     encode_frame,
+    http_common,
 )
 from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES, encode_chunks
 from arctic_rl_dss.models import CORE_TO_WIRE, TOKEN_TYPE, TOKEN_TYPE_HEADER, WIRE_TO_CORE
@@ -78,10 +78,6 @@ class _SubJob:
     job_type: str  # Arctic RL's name: training, sampling, log_prob
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
 def _decode_result(value: Any) -> Any:
     if isinstance(value, dict) and value.get("encoding") == "base64" and "payload_b64" in value:
         return decode_frame(base64.b64decode(value["payload_b64"]))
@@ -120,12 +116,12 @@ class DssTransport(ClientTransport):
         self.retry_backoff = retry_backoff
         self.retry_cap = retry_cap
         self.chunk_bytes = chunk_bytes
-        self.base_url = f"http://{_url_host(host)}:{self.port}"
-        self._client = httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}", TOKEN_TYPE_HEADER: TOKEN_TYPE},
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            trust_env=False,
+        self.base_url = http_common.base_url(host, self.port)
+        self._client = http_common.http_client(
+            self.base_url,
+            {"Authorization": f"Bearer {token}", TOKEN_TYPE_HEADER: TOKEN_TYPE},
+            timeout=timeout,
+            connect_timeout=connect_timeout,
         )
         self.job_id: str | None = None
         self.sub_jobs: dict[int, _SubJob] = {}
@@ -138,19 +134,8 @@ class DssTransport(ClientTransport):
     # --- HTTP with the protocol's retry rules -------------------------------------------
 
     def _error(self, response: httpx.Response, what: str) -> ServerError:
-        message, code = response.text, None
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if isinstance(data, dict):
-            message = str(data.get("message") or data.get("detail") or message)
-            code = data.get("code")
-        if response.status_code == 401:
-            message = (
-                f"the platform at {self.host}:{self.port} refused the token for {what}: {message}"
-            )
-        return ServerError(response.status_code, message, code)
+        refused = f"the platform at {self.host}:{self.port} refused the token for {what}"
+        return http_common.server_error(response, refused)
 
     def _send(
         self,
@@ -171,6 +156,9 @@ class DssTransport(ClientTransport):
         """
         if self._closed:
             raise TransportError(f"{self!r} is closed")
+        if "json" in kwargs:  # the shared JSON rule (NaN and inf kept), not httpx's
+            kwargs["content"] = http_common.json_bytes(kwargs.pop("json"))
+            kwargs["headers"] = {"Content-Type": http_common.JSON_CONTENT_TYPE}
         attempt = 0
         while True:
             try:
@@ -187,12 +175,7 @@ class DssTransport(ClientTransport):
                     ) from exc
             else:
                 if response.is_success:
-                    if not response.content:
-                        return None
-                    try:
-                        return response.json()
-                    except ValueError as exc:
-                        raise TransportError(f"{what}: the platform's answer is not JSON") from exc
+                    return http_common.answer_value(response, what)
                 error = self._error(response, what)
                 again = (
                     retry
@@ -203,7 +186,9 @@ class DssTransport(ClientTransport):
                 )
                 if not again:
                     raise error
-            delay = min(self.retry_cap, self.retry_backoff * 2**attempt) * random.uniform(0.5, 1.0)
+            delay = http_common.backoff_delay(
+                attempt, self.retry_backoff, self.retry_cap, jitter=True
+            )
             attempt += 1
             logger.debug("%s: retry %d in %.2fs", what, attempt, delay)
             time.sleep(delay)

@@ -7,7 +7,6 @@ auth, size limits, body decoding (JSON or safetensors frame) and error mapping.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -23,21 +21,19 @@ from starlette.responses import Response
 from arctic_platform.rl.api import (
     FRAME_CONTENT_TYPE,
     OPERATIONS,
-    ArcticRLError,
     AuthError,
     InvalidRequestError,
     Operation,
-    PayloadTooLargeError,
     RLServer,
     __version__,
     decode_frame,
     encode_frame,
+    http_common,
 )
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 256 * 1024 * 1024
-JSON_CONTENT_TYPE = "application/json"
 OPEN_PATHS = frozenset({"/health"})
 """Routes that answer without a token (the docs and OpenAPI routes are open as well)."""
 
@@ -51,105 +47,21 @@ _ERROR_SCHEMA = {
     "required": ["message", "code"],
 }
 
-
-class _BadRequest(ArcticRLError):
-    """A body that is not JSON, or of a content type the server does not read."""
-
-    status = 400
-    code = "bad_request"
-
-
-class _UnsupportedMediaType(ArcticRLError):
-    status = 415
-    code = "unsupported_media_type"
-
-
-def _plain(value: Any, *, keep_arrays: bool) -> Any:
-    """``value`` with numpy/torch scalars made Python numbers; arrays listed unless kept."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v, keep_arrays=keep_arrays) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v, keep_arrays=keep_arrays) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if hasattr(value, "tolist") and hasattr(value, "shape"):  # numpy array/scalar, torch tensor
-        if keep_arrays and getattr(value, "ndim", 0) > 0:
-            return value
-        return value.tolist()
-    if hasattr(value, "item"):  # numpy scalar without shape
-        return value.item()
-    return value
-
-
-def _json_bytes(value: Any) -> bytes:
-    # allow_nan: a metric may be NaN or inf; Python's json reads these back.
-    return json.dumps(
-        _plain(value, keep_arrays=False), allow_nan=True, separators=(",", ":")
-    ).encode()
-
-
-def error_response(status: int, message: str, code: str) -> Response:
-    """The JSON error body every failure answers with: ``{"message", "code"}``."""
-    return Response(
-        _json_bytes({"message": message, "code": code}),
-        status_code=status,
-        media_type=JSON_CONTENT_TYPE,
-    )
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return f"invalid {exc.title} request: " + "; ".join(parts)
-
-
-def _wants_frame(request: Request) -> bool:
-    accept = request.headers.get("accept", "")
-    return any(part.split(";")[0].strip() == FRAME_CONTENT_TYPE for part in accept.split(","))
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) a declared or streamed size over ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise _BadRequest(f"Content-Length {declared!r} is not a number") from None
-        if size > limit:
-            raise PayloadTooLargeError(
-                f"request body of {size} bytes is over the server's limit of {limit} bytes"
-            )
-    chunks: list[bytes] = []
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise PayloadTooLargeError(
-                f"request body grew past the server's limit of {limit} bytes"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
+JSON_CONTENT_TYPE = http_common.JSON_CONTENT_TYPE
+error_response = http_common.error_response
 
 
 def _decode_body(body: bytes, content_type: str) -> dict[str, Any]:
     """The payload of a JSON or frame body; an empty body is an empty payload."""
     if not body:
         return {}
-    media = content_type.split(";")[0].strip().lower()
+    media = http_common.media_type(content_type)
     if media == FRAME_CONTENT_TYPE:
         payload = decode_frame(body)
     elif media in ("", JSON_CONTENT_TYPE) or media.endswith("+json"):
-        try:
-            payload = json.loads(body)
-        except RecursionError:
-            raise _BadRequest("request body is nested too deeply to be read as JSON") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise _BadRequest(f"request body is not valid JSON: {exc}") from None
+        payload = http_common.read_json_body(body)
     else:
-        raise _UnsupportedMediaType(
+        raise http_common.UnsupportedMediaTypeError(
             f"content type {media!r} is not accepted; send {JSON_CONTENT_TYPE} "
             f"or {FRAME_CONTENT_TYPE} (a safetensors frame)"
         )
@@ -187,9 +99,9 @@ class _Endpoint:
             self._check_token(request)
             payload: dict[str, Any] = {}
             if self.op.method != "GET":
-                body = await _read_body(request, self.max_request_bytes)
+                body = await http_common.read_body(request, self.max_request_bytes)
                 content_type = request.headers.get("content-type", "")
-                if content_type.split(";")[0].strip().lower() == FRAME_CONTENT_TYPE:
+                if http_common.is_frame(content_type):
                     payload = await run_in_threadpool(_decode_body, body, content_type)
                 else:
                     payload = _decode_body(body, content_type)
@@ -201,22 +113,17 @@ class _Endpoint:
                 result = self.server.handle(self.op.name, payload)
             else:
                 result = await run_in_threadpool(self.server.handle, self.op.name, payload)
-            if _wants_frame(request):
+            if http_common.accepts_frame(request.headers.get("accept")):
                 frame = await run_in_threadpool(
-                    lambda: encode_frame(_plain(result, keep_arrays=True))
+                    lambda: encode_frame(http_common.plain(result, keep_arrays=True))
                 )
                 return Response(frame, media_type=FRAME_CONTENT_TYPE)
-            return Response(_json_bytes(result), media_type=JSON_CONTENT_TYPE)
-        except ArcticRLError as exc:
-            if exc.status >= 500:
-                logger.error("%s failed: %s", self.op.path, exc, exc_info=True)
-            return error_response(exc.status, str(exc), exc.code)
-        except ValidationError as exc:
-            return error_response(422, _validation_message(exc), "invalid_request")
+            return Response(http_common.json_bytes(result), media_type=JSON_CONTENT_TYPE)
         except Exception as exc:
-            logger.exception("%s failed with an unexpected error", self.op.path)
-            message = f"{type(exc).__name__}: {exc}"
-            return error_response(500, message, "internal_error")
+            status, message, code = http_common.error_status(exc)
+            if status >= 500:
+                logger.error("%s failed: %s", self.op.path, message, exc_info=True)
+            return error_response(status, message, code)
 
 
 def _openapi_extra(op: Operation) -> dict[str, Any]:
@@ -311,7 +218,7 @@ def build_app(
 
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = http_common.http_error_code(exc.status_code)
         return error_response(exc.status_code, str(exc.detail), code)
 
     async def request_invalid(_: Request, exc: Exception) -> Response:

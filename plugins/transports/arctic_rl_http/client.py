@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -17,8 +16,8 @@ from arctic_platform.rl.api import (
     Operation,
     ServerError,
     TransportError,
-    decode_frame,
     encode_frame,
+    http_common,
 )
 
 logger = logging.getLogger(__name__)
@@ -31,20 +30,6 @@ _RETRY_TIMEOUTS = (httpx.ConnectTimeout, httpx.PoolTimeout)
 def _retryable(error: ServerError) -> bool:
     """A gateway-style answer worth another try; not the server's own engine timeout (504)."""
     return error.status_code in RETRY_STATUSES and error.code != "timeout"
-
-
-POOL_KEEPALIVE_SECONDS = 30.0
-"""Idle connections are dropped by the client before the server's keep-alive (75 s) ends."""
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class HttpTransport(ClientTransport):
@@ -72,14 +57,10 @@ class HttpTransport(ClientTransport):
         self.retries = retries
         self.backoff = backoff
         self.connect_timeout = connect_timeout
-        self.base_url = f"http://{_url_host(host)}:{self.port}"
+        self.base_url = http_common.base_url(host, self.port)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(keepalive_expiry=POOL_KEEPALIVE_SECONDS),
-            trust_env=False,  # never route through a proxy from the environment
+        self._client = http_common.http_client(
+            self.base_url, headers, timeout=timeout, connect_timeout=connect_timeout
         )
         self._closed = threading.Event()
 
@@ -109,37 +90,13 @@ class HttpTransport(ClientTransport):
         return self._client.build_request(
             op.method,
             path,
-            content=json.dumps(body, default=_json_default).encode(),
-            headers={"Content-Type": "application/json"},
+            content=http_common.json_bytes(body),
+            headers={"Content-Type": http_common.JSON_CONTENT_TYPE},
         )
 
     def _error(self, op: Operation, response: httpx.Response) -> ServerError:
-        message, code = response.text, None
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if isinstance(data, dict):
-            message = str(data.get("message", data.get("detail", message)))
-            code = data.get("code")
-        if response.status_code == 401:
-            message = (
-                f"the server at {self.host}:{self.port} refused the bearer token for "
-                f"{op.name!r}: {message}"
-            )
-        return ServerError(response.status_code, message, code)
-
-    @staticmethod
-    def _result(response: httpx.Response) -> Any:
-        media = response.headers.get("content-type", "").split(";")[0].strip()
-        if media == FRAME_CONTENT_TYPE:
-            return decode_frame(response.content)
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except (ValueError, json.JSONDecodeError) as exc:
-            raise TransportError(f"the server's answer is not JSON: {exc}") from exc
+        refused = f"the server at {self.host}:{self.port} refused the bearer token for {op.name!r}"
+        return http_common.server_error(response, refused)
 
     def call(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
         """Invoke ``operation`` with ``payload``; its result, or ServerError/TransportError."""
@@ -170,11 +127,11 @@ class HttpTransport(ClientTransport):
                     ) from exc
             else:
                 if response.is_success:
-                    return self._result(response)
+                    return http_common.answer_value(response, op.name)
                 error = self._error(op, response)
                 if last or not _retryable(error):
                     raise error
-            delay = self.backoff * 2**attempt
+            delay = http_common.backoff_delay(attempt, self.backoff)
             logger.debug("%s: retrying in %.2fs (attempt %d)", op.name, delay, attempt + 2)
             time.sleep(delay)
         raise AssertionError("unreachable")
