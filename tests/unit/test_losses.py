@@ -404,3 +404,11 @@ def test_a_token_metric_weighs_each_value_by_its_weight() -> None:
     values = torch.tensor([[2.0, 4.0, 8.0]])
     total, count = token_metric(values, torch.tensor([[0.5, 0.25, 0.0]]))
     assert (total.item(), count.item()) == (2.0, 0.75)
+
+
+def test_token_mean_divides_by_a_fractional_global_weight_sum() -> None:
+    # per-token weights in the loss mask: the global "token count" is their sum, here 0.5
+    values = torch.tensor([[4.0, 8.0]], dtype=torch.float64)
+    weights = torch.tensor([[0.25, 0.25]], dtype=torch.float64)
+    share, total, count = aggregate(values, weights, "token-mean", 0.5, 1.0)
+    assert (share.item(), total.item(), count.item()) == (6.0, 3.0, 0.5)
