@@ -137,6 +137,27 @@ def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
         assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) <= 1e-3
 
 
+def test_a_left_padded_tensor_batch_scores_like_its_rows(loop):
+    import torch
+
+    client, _ = loop
+    rows = {"input_ids": [[1, 5, 6, 7, 8], [1, 9, 10]], "advantages": [1.0, -1.0]}
+    dense = {
+        "input_ids": torch.tensor([[1, 5, 6, 7, 8], [0, 0, 1, 9, 10]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]),
+        "advantages": torch.tensor([1.0, -1.0]),
+    }
+    want = client.fwd_bwd(rows, "grpo", forward_only=True, return_log_probs=True)
+    got = client.fwd_bwd(dense, "grpo", forward_only=True, return_log_probs=True)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-9)
+    assert got["tokens"] == want["tokens"] == 6  # all but each row's first token
+    for mine, theirs in zip(got["log_probs"], want["log_probs"], strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-6)
+    no_grad = client.fwd_no_grad({k: v for k, v in dense.items() if k != "advantages"})
+    for mine, theirs in zip(no_grad, want["log_probs"], strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-5)
+
+
 def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
     client, _ = loop
     path = client.save_checkpoint()
