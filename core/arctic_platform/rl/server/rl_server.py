@@ -27,6 +27,7 @@ from arctic_platform.rl.server.job_table import (
     roll_back_requests,
 )
 from arctic_platform.rl.server.jobs import Job, JobManager, JobState
+from arctic_platform.rl.server.weight_sync_ops import WeightSyncOps
 from arctic_platform.rl.wire import describe_errors
 
 logger = logging.getLogger(__name__)
@@ -109,8 +110,7 @@ class RLServer:
         self.cluster: Any = None
         self.started_at = time.time()
         self.monitor_interval = monitor_interval
-        self.sync_timeout = sync_timeout
-        self.sync_bucket_bytes = sync_bucket_bytes
+        self.weight_sync = WeightSyncOps(self.jobs, sync_timeout, sync_bucket_bytes)
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         # per training job, the workers its request ids were last checked against
@@ -178,7 +178,7 @@ class RLServer:
         try:
             result = getattr(self, name)(request)
             if isinstance(request, wire.SyncWeightsRequest):
-                self._record_sync(request, result)
+                self.weight_sync.record(request, result)
             return result
         except ArcticRLError:
             self._errors[name] += 1
@@ -247,7 +247,7 @@ class RLServer:
         """
         job = self.jobs.restart(request.job_id)
         # weight-sync pair worlds kept between syncs were built with the old workers
-        getattr(self, "_sync_ports", {}).clear()
+        self.weight_sync.forget()
         return job.describe()
 
     def shutdown(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
@@ -310,18 +310,6 @@ class RLServer:
         """Record request ``key``'s result (the caller writes the job table before answering)."""
         if key is not None:
             remember_request(job.request_ids, key, base_step, result)
-
-    def _record_sync(self, request: wire.SyncWeightsRequest, result: dict[str, Any]) -> None:
-        """Note in the job table which trainer each target's weights came from."""
-        for job_id in [*request.sampling_job_ids, *request.log_prob_job_ids]:
-            job = self.jobs.jobs.get(job_id)
-            if job is not None:
-                job.synced_from = request.training_job_id
-                job.weights_from = (
-                    f"sync from training job {request.training_job_id} "
-                    f"(version {result.get('weight_version')})"
-                )
-                job.changed()
 
     # --- training -----------------------------------------------------------------------
 
@@ -534,112 +522,7 @@ class RLServer:
         The pair worlds stay alive in the workers between syncs of the same trainer and
         targets (same ports); after a failed sync, or for other targets, the next sync
         builds new ones on fresh ports."""
-        from arctic_platform.rl.config import WeightSyncConfig
-        from arctic_platform.rl.weight_sync.pair_auth import new_secret
-        from arctic_platform.rl.weight_sync.strategy import DEFAULT_STRATEGY, check_strategy
-
-        strategy = check_strategy(getattr(request, "strategy", None) or DEFAULT_STRATEGY)
-        trainer = self.jobs.running(request.training_job_id, "training")
-        targets = [self.jobs.running(j, "sampling") for j in request.sampling_job_ids]
-        targets += [self.jobs.running(j, "log_prob") for j in request.log_prob_job_ids]
-        if not targets:
-            raise InvalidRequestError("sync_weights needs at least one sampling or log-prob job")
-        replicas = [(job, worker) for job in targets for worker in job.workers]
-        zero = (trainer.config.get("ds_config") or {}).get("zero_optimization") or {}
-        shared_memory = bool(trainer.config.get("colocate"))
-        sharding = "fsdp" if int(zero.get("stage", 0) or 0) == 3 else "dp"
-        # what the kept pair worlds were built for: same trainer workers, same targets
-        topology = (
-            len(trainer.workers),
-            tuple((job.job_id, len(job.workers)) for job in targets),
-            sharding,
-            shared_memory,
-            self.sync_bucket_bytes,
-        )
-        if not hasattr(self, "_sync_ports"):
-            # trainer job -> (topology, base port, pair secret) of the pair worlds it keeps
-            self._sync_ports: dict[int, tuple[Any, int, str]] = {}
-        version = max(job.weight_version for job in targets) + 1
-        started = time.monotonic()
-        with trainer.lock:
-            for job in targets:
-                job.lock.acquire()
-            kept = self._sync_ports.pop(trainer.job_id, None)
-            try:
-                reuse = kept is not None and kept[0] == topology
-                if kept is not None and reuse:
-                    base_port, secret = kept[1], kept[2]
-                else:
-                    base_port, secret = self._sync_base_port(trainer, len(replicas)), new_secret()
-                sync = WeightSyncConfig(
-                    training_sharding=sharding,
-                    training_gpus=len(trainer.workers),
-                    inference_replicas=len(replicas),
-                    inference_tp=1,
-                    base_port=base_port,
-                    bucket_size=self.sync_bucket_bytes,
-                )
-                data = sync.model_dump()
-                senders = {rank: trainer.node_of(rank) for rank in range(len(trainer.workers))}
-                send = [
-                    w.sync_send.remote(data, version, self.sync_timeout, shared_memory, secret)
-                    for w in trainer.workers
-                ]
-                receive = [
-                    w.sync_receive.remote(
-                        data,
-                        i,
-                        version,
-                        self.sync_timeout,
-                        shared_memory,
-                        strategy,
-                        senders,
-                        secret,
-                    )
-                    for i, (_, w) in enumerate(replicas)
-                ]
-                limit = self.sync_timeout * 2 + 30
-                self.jobs.call(trainer, send, "sync_weights (send)", timeout=limit)
-                reports = []
-                for i, (job, _) in enumerate(replicas):
-                    reports.extend(
-                        self.jobs.call(job, [receive[i]], "sync_weights (receive)", timeout=limit)
-                    )
-                for job in targets:
-                    job.weight_version = version
-                # only after a sync that worked
-                self._sync_ports[trainer.job_id] = (topology, sync.base_port, secret)
-            finally:
-                for job in targets:
-                    job.lock.release()
-        seconds = time.monotonic() - started
-        nbytes = sum(int(r["bytes"]) for r in reports)
-        return {
-            "weight_version": version,
-            "bytes": nbytes,
-            "seconds": seconds,
-            "bandwidth_gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
-            "path": "shared_memory" if shared_memory else "process_group",
-            "strategy": strategy,
-            "reused_connections": sum(int(r.get("reused", 0)) for r in reports),
-            "jobs": {str(job.job_id): job.weight_version for job in targets},
-        }
-
-    def _sync_base_port(self, trainer: Job, count: int) -> int:
-        """Ports ``base .. base+count-1`` for the pair stores, free on every sender's node:
-        the senders bind them, so they choose (rank 0 proposes, the others confirm)."""
-        workers = trainer.workers
-        for _ in range(8):
-            base = int(
-                self.jobs.call(trainer, [workers[0].free_port_range.remote(count)], "sync ports")[0]
-            )
-            checks = [w.ports_free.remote(base, count) for w in workers[1:]]
-            if all(self.jobs.call(trainer, checks, "sync ports")) if checks else True:
-                return base
-        raise JobStateError(
-            f"no {count} consecutive ports were free on every node of training job "
-            f"{trainer.job_id} ({trainer.node_names()}) for the weight sync"
-        )
+        return self.weight_sync.sync(request)
 
     def weight_norm(self, request: wire.WeightNormRequest) -> dict[str, Any]:
         """L2 norm of each job's weights (every replica; they must agree)."""
