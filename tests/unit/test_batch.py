@@ -217,6 +217,18 @@ BAD = {
     "a negative token": ({"input_ids": [[1, -2]]}, r"input_ids\[0\].*vocabulary"),
     "a token past 64 bits": ({"input_ids": [[1, 2**70]]}, r"input_ids\[0\].*vocabulary"),
     "a row that is a number": ({"input_ids": [[1, 2], 3]}, r"input_ids\[1\]"),
+    "rows nested a level too deep": (
+        {"input_ids": [[1, 2]], "loss_mask": [np.array([0.0, 1.0]), [[1], [2, 3]]]},
+        "'loss_mask' has 2 rows",
+    ),
+    "a nested row beside an array row": (
+        {"input_ids": [[1, 2], [3, 4]], "loss_mask": [np.array([0.0, 1.0]), [[1], [2, 3]]]},
+        r"loss_mask\[1\] holds \[1\]",
+    ),
+    "a mask of scalar arrays": (
+        {"input_ids": [[1, 2], [3, 4]], "attention_mask": [np.array(1), np.array(0)]},
+        "attention_mask",
+    ),
     "a ragged loss_mask": (
         {"input_ids": [[1, 2, 3], [4, 5]], "loss_mask": [[0, 1, 1], [0, 1, 1]]},
         r"loss_mask\[1\] has 3 entries",

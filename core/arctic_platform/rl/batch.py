@@ -260,7 +260,9 @@ def _rectangular(value: Any) -> Any:
     if isinstance(value, np.ndarray) or not isinstance(value, list | tuple) or not value:
         return value
     rows = [_numpy(r) for r in value]
-    if not all(isinstance(r, list | tuple | np.ndarray) for r in rows):
+    if not all(
+        isinstance(r, list | tuple) or (isinstance(r, np.ndarray) and r.ndim == 1) for r in rows
+    ):
         return value
     if len({len(r) for r in rows}) != 1:
         return value
@@ -367,8 +369,11 @@ def _flatten(name: str, rows: list[Any], shape: _Shape, *, integer: bool) -> np.
     """The rows packed into one int64 (token ids) or float32 array; rows already match
     ``shape``'s lengths."""
     if any(isinstance(r, np.ndarray) for r in rows):
-        parts = [r if isinstance(r, np.ndarray) else np.asarray(r) for r in rows]
-        if any(p.dtype == object for p in parts):
+        try:
+            parts = [r if isinstance(r, np.ndarray) else np.asarray(r) for r in rows]
+        except (TypeError, ValueError, OverflowError):  # nested or unequal inner rows
+            return _slow_flatten(name, rows, shape, integer=integer)
+        if any(p.dtype == object or p.ndim != 1 for p in parts):
             return _slow_flatten(name, rows, shape, integer=integer)
         kinds = {p.dtype.kind for p in parts if p.size}
         flat = np.concatenate(parts) if parts else np.zeros(0)
