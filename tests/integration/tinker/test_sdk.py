@@ -116,6 +116,26 @@ def test_a_sampler_on_replaced_weights_is_refused_with_a_clear_error(training):
         old.sample(prompt, 1, params).result(timeout=600)
 
 
+def test_concurrent_samples_of_one_sampler_each_answer_their_own_prompt(training):
+    import tinker
+
+    tok = _tokenizer(training)
+    sampler = training.save_weights_and_get_sampling_client().result(timeout=600)
+    params = tinker.SamplingParams(max_tokens=4, temperature=1.0)
+    prompts = [tok.encode(s) for s in SENTENCES]
+    futures = [  # sent together: the server may answer them from one generate
+        sampler.sample(tinker.ModelInput.from_ints(p), 2, params, include_prompt_logprobs=True)
+        for p in prompts
+    ]
+    for prompt, future in zip(prompts, futures, strict=True):
+        result = future.result(timeout=600)
+        assert len(result.sequences) == 2
+        assert len(result.prompt_logprobs) == len(prompt)
+        alone = sampler.compute_logprobs(tinker.ModelInput.from_ints(prompt)).result(timeout=600)
+        got = np.asarray(result.prompt_logprobs[1:], dtype=np.float64)
+        assert np.max(np.abs(got - np.asarray(alone[1:], dtype=np.float64))) < 1e-3
+
+
 # --- bad input ----------------------------------------------------------------------------
 
 FAR_SEQ = 10**9  # raw requests must not take a seq_id the SDK's client will use
