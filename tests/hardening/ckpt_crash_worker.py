@@ -3,7 +3,9 @@
 Usage: ``python ckpt_crash_worker.py MODEL ROOT SAVES``. If ROOT holds a complete checkpoint
 the engine loads the newest one first. Then, ``SAVES`` times: one optimizer step, then
 ``save_checkpoint(ROOT)``. One JSON line per event on stdout: ``loaded`` (step, norm),
-``saving`` (step, norm, just before the save), ``saved`` (step, path, seconds).
+``saving`` (step, norm, just before the save), ``saved`` (step, path, seconds). After
+``loaded`` (or ``fresh``) it waits for a line on stdin before it trains, so the test can
+look at the root while nothing writes to it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main(model: str, root: str, saves: int) -> None:
         _say("loaded", step=step, norm=engine.weight_norm())
     else:
         _say("fresh", step=engine.global_step, norm=engine.weight_norm())
+    sys.stdin.readline()  # the test's go-ahead
     batch = {"input_ids": [[1, 5, 6, 7, 8, 9, 10, 11]] * 4, "advantages": [1.0, -1.0, 0.5, -0.5]}
     for _ in range(saves):
         engine.fwd_bwd(batch, "importance_sampling")
