@@ -187,3 +187,109 @@ def test_fixture_log_prob_engine_is_selectable(fixture_site):
     assert c.log_prob_engine == "fixture-engine"
     with pytest.raises(ValidationError, match="Unknown sampling engine"):
         ArcticRLClientConfig(model_name="m", training_gpus=1, sampling_engine="fixture-engine")
+
+
+# --- exact records and messages (each kills mutants the tests above let through) ------------
+
+
+def _site(root: Path, dists: dict[str, dict[str, str]]) -> Path:
+    """A site directory of ``.dist-info`` folders: distribution -> {entry point: module}."""
+    for dist, eps in dists.items():
+        info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        lines = "".join(f"{name} = {module}\n" for name, module in eps.items())
+        (info / "entry_points.txt").write_text("[arctic_rl]\n" + lines)
+    return root
+
+
+def test_the_builtin_losses_are_a_core_plugin_record():
+    import importlib.metadata as md
+
+    from arctic_platform.rl.plugins.manager import PluginRecord
+
+    pm = new_plugin_manager(load_entrypoints=False)
+    assert pm.records == {
+        "arctic_platform.rl.losses": PluginRecord(
+            name="arctic_platform.rl.losses",
+            value="arctic_platform.rl.losses",
+            distribution="arctic-platform",
+            version=md.version("arctic-platform"),
+            status="loaded",
+            error=None,
+            builtin=True,
+        )
+    }
+
+
+def test_a_core_plugin_that_fails_to_import_is_recorded_and_the_next_one_loads(monkeypatch):
+    from arctic_platform.rl.plugins import manager
+
+    monkeypatch.setattr(manager, "CORE_PLUGINS", ("a_missing_core_module", *manager.CORE_PLUGINS))
+    pm = new_plugin_manager(load_entrypoints=False)
+    rec = pm.records["a_missing_core_module"]
+    assert (rec.status, rec.error, rec.builtin) == (
+        "failed",
+        "ModuleNotFoundError: No module named 'a_missing_core_module'",
+        True,
+    )
+    assert pm.records["arctic_platform.rl.losses"].status == "loaded"
+
+
+def test_a_plugin_that_fails_to_import_is_recorded_with_its_last_error_line(fixture_site, caplog):
+    reg = fresh_registry()
+    rec = reg.pm.records["fixture_broken"]
+    message = "ModuleNotFoundError: No module named 'a_module_that_does_not_exist'"
+    assert (rec.status, rec.error, rec.value) == ("failed", message, "fixture_broken_plugin")
+    assert f"arctic_rl plugin 'fixture_broken' failed to load: {message}" in caplog.messages
+
+
+def test_register_checked_answers_whether_the_plugin_loaded():
+    from arctic_platform.rl.plugins import hookimpl
+    from arctic_platform.rl.plugins.manager import PluginRecord
+
+    class Good:
+        @hookimpl
+        def arctic_rl_register_backends(self):
+            return []
+
+    class Misspelled:
+        @hookimpl
+        def arctic_rl_register_backend(self):
+            return []
+
+    pm = new_plugin_manager(load_entrypoints=False)
+    record = PluginRecord("good", "good", None, None, status="loaded")
+    assert pm.register_checked(Good(), record) is True
+    assert not pm.register_checked(Misspelled(), PluginRecord("bad", "bad", None, None, "loaded"))
+    again = PluginRecord("good", "good", None, None, status="loaded")
+    assert pm.register_checked(Good(), again) is False  # the name is taken
+    assert again.status == "failed" and (again.error or "").startswith("ValueError: ")
+    assert pm.records["good"] is again
+
+
+def test_a_duplicate_entry_point_name_does_not_stop_the_ones_after_it(tmp_path, monkeypatch):
+    site = _site(
+        tmp_path,
+        {
+            "zz-one": {"zz_dup": "zz_one_plugin"},
+            "zz-two": {"zz_dup": "zz_two_plugin"},
+            "zz-three": {"zzz_after": "zz_three_plugin"},
+        },
+    )
+    for module in ("zz_one_plugin", "zz_two_plugin", "zz_three_plugin"):
+        (site / f"{module}.py").write_text('"""A plugin of no hooks."""\n')
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    monkeypatch.delenv(DENY_ENV, raising=False)
+    pm = new_plugin_manager()
+    assert pm.records["zzz_after"].status == "loaded"
+    assert pm.records["zz_dup (zz-two)"].status == "duplicate"
+
+
+def test_a_deny_list_disables_only_what_it_names_and_says_which_variable(fixture_site, monkeypatch):
+    monkeypatch.setenv(DENY_ENV, "fixture_good,fixture-samename-one")
+    reg = fresh_registry()
+    assert reg.pm.records["fixture_good"].error == f"disabled by {DENY_ENV}"
+    assert reg.pm.records["arctic_rl_local"].status == "loaded"
+    assert "local" in reg.names("backend")
