@@ -27,6 +27,12 @@ from arctic_platform.rl.errors import (
     OperationTimeoutError,
     WorkerDiedError,
 )
+from arctic_platform.rl.server.job_faults import (
+    dead_nodes,
+    failure_node,
+    failure_reason,
+    lost_nodes,
+)
 from arctic_platform.rl.server.job_table import (
     JobJournal,
     JobRecord,
@@ -34,17 +40,10 @@ from arctic_platform.rl.server.job_table import (
     RequestIdRecord,
     load_table,
 )
+from arctic_platform.rl.server.placement import Placement, check_cluster_has
+from arctic_platform.rl.server.worker_launch import engine_spec, start_workers
 
 logger = logging.getLogger(__name__)
-
-COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
-
-
-def _engine_spec(engine: str, job_type: str) -> Any:
-    """The registered ``EngineSpec`` of a job: its plugin facts (concurrency, export layout)."""
-    from arctic_platform.rl.plugins import get_registry
-
-    return get_registry().get("engine", engine, role=job_type)
 
 
 class JobState(StrEnum):
@@ -68,88 +67,6 @@ def free_port() -> int:
     from arctic_platform.rl.network import free_port as free_port_on
 
     return free_port_on("127.0.0.1")
-
-
-def _user_interface_env() -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` the user set for this server: passed on
-    to the workers (otherwise each worker takes the interface holding its node's address)."""
-    import os
-
-    return {
-        k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if os.environ.get(k)
-    }
-
-
-def _cluster_gpus() -> float | None:
-    """All GPUs of the Ray cluster this process is attached to (None when not attached)."""
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    return float(ray.cluster_resources().get("GPU", 0.0))
-
-
-def _check_cluster_has(job_type: str, config: Any) -> None:
-    """422 for a job that asks for more GPUs than the whole cluster has: it could never place.
-
-    A colocated job needs as many bundles as its largest role; others need their own count.
-    """
-    total = _cluster_gpus()
-    if total is None:
-        return
-    fields = ["training_gpus", "sampling_gpus", "log_prob_gpus"]
-    field = max(fields, key=lambda f: getattr(config, f)) if config.colocate else f"{job_type}_gpus"
-    need = getattr(config, field)
-    if need > total:
-        raise InvalidRequestError(
-            f"{field}={need} is more than the {total:g} GPUs the Ray cluster has in all; "
-            "this job could never be placed"
-        )
-
-
-def _dead_nodes() -> dict[str, dict[str, Any]]:
-    """Nodes Ray reports dead, by node id (empty when Ray is not connected)."""
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return {}
-    try:
-        return {str(n.get("NodeID")): n for n in ray.nodes() if not n.get("Alive")}
-    except Exception:  # the GCS itself is unreachable: nothing to say about nodes
-        return {}
-
-
-def _lost_nodes(job: Job, dead: dict[str, dict[str, Any]]) -> str:
-    """Which of ``job``'s worker nodes are dead, as text naming them ('' if none)."""
-    lost = []
-    for index, node in enumerate(job.nodes):
-        info = dead.get(str(node.get("node_id")))
-        if info is None:
-            continue
-        why = info.get("DeathReasonMessage") or "Ray marked it dead"
-        lost.append(f"node {node.get('address')} (worker {index}): {why}")
-    return "; ".join(dict.fromkeys(lost))
-
-
-def _where(job: Job, workers: list[Any], exc: BaseException) -> str:
-    """`` on node ADDRESS`` for the worker a Ray actor error is about ('' if unknown)."""
-    actor_id = getattr(exc, "actor_id", None)
-    for index, worker in enumerate(workers):
-        try:
-            if actor_id is not None and worker._actor_id.hex() == actor_id:
-                return f" on node {job.node_of(index)}"
-        except AttributeError:
-            break
-    if len(job.nodes) == 1 or len({n.get("address") for n in job.nodes}) == 1:
-        return f" on node {job.node_of(0)}"
-    return f" (on nodes {job.node_names()})" if job.nodes else ""
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text if len(text) < 20000 else text[:10000] + "\n...\n" + text[-10000:]
 
 
 @dataclass
@@ -302,8 +219,7 @@ class JobManager:
         self._lock = threading.Lock()
         self._table_lock = threading.Lock()
         self._journal = JobJournal(run_dir)
-        self._colocation_group: Any = None
-        self._colocation_bundles = 0
+        self._placement = Placement(self._lock)
         self._threads: list[threading.Thread] = []
         self._frozen = False  # set when the server stops: the table keeps the jobs' states
 
@@ -437,7 +353,7 @@ class JobManager:
         checkpoint = trainer.latest_checkpoint if trainer is not None else None
         # the training engine says where its checkpoints keep a Hugging Face export, if any
         export_dir = (
-            _engine_spec(trainer.engine, "training").hf_export_dir if trainer is not None else None
+            engine_spec(trainer.engine, "training").hf_export_dir if trainer is not None else None
         )
         export = Path(checkpoint) / export_dir if checkpoint and export_dir else None
         if export is not None and (export / "config.json").is_file():
@@ -507,7 +423,7 @@ class JobManager:
                 f"the config gives the {job_type} job {num_gpus} GPUs "
                 f"({job_type}_gpus); it needs at least 1"
             )
-        _check_cluster_has(job_type, parsed)
+        check_cluster_has(job_type, parsed)
         with self._lock:
             job_id = self._next_id
             self._next_id += 1
@@ -527,163 +443,13 @@ class JobManager:
         self._threads.append(thread)
         thread.start()
 
-    def _placement(self, job: Job) -> tuple[Any, list[float]]:
-        """A placement group for ``job`` and the GPU fraction each of its workers asks for."""
-        from ray.util.placement_group import placement_group
-
-        if job.config.get("colocate"):
-            with self._lock:
-                need = max(
-                    job.config.get("training_gpus", 0),
-                    job.config.get("sampling_gpus", 0),
-                    job.config.get("log_prob_gpus", 0),
-                )
-                if self._colocation_group is None:
-                    bundles = [{"GPU": 1.0} for _ in range(need)]
-                    self._colocation_group = placement_group(bundles, strategy="PACK")
-                    self._colocation_bundles = need
-                elif need > self._colocation_bundles:
-                    raise InvalidRequestError(
-                        f"colocated jobs share {self._colocation_bundles} GPU bundles; this "
-                        f"config asks for {need}"
-                    )
-                job.owns_placement_group = False
-                return self._colocation_group, [COLOCATED_GPU_FRACTION] * job.num_gpus
-        bundles = [{"GPU": 1.0} for _ in range(job.num_gpus)]
-        return placement_group(bundles, strategy="PACK"), [1.0] * job.num_gpus
-
     def _launch(self, job: Job) -> None:
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from arctic_platform.rl.server.worker import EngineWorker
-
-        timeout = float(job.config.get("job_ready_timeout", 600.0))
-        deadline = time.monotonic() + timeout
         try:
-            job.set_state(JobState.PLACING)
-            pg, fractions = self._placement(job)
-            job.placement_group = pg
-            while not self._wait_ready(pg.ready(), 1.0):
-                if job.cancel_requested:
-                    return
-                if time.monotonic() > deadline:
-                    have = ray.available_resources().get("GPU", 0)
-                    raise TimeoutError(
-                        f"placing {job.num_gpus} GPU bundle(s) took longer than "
-                        f"job_ready_timeout={timeout}s (cluster has {have} free GPUs)"
-                    )
-            if job.cancel_requested:
-                return
-            job.set_state(JobState.INITIALIZING)
-            work_dir = self.run_dir / "jobs" / str(job.job_id)
-            work_dir.mkdir(parents=True, exist_ok=True)
-            remote_cls: Any = ray.remote(EngineWorker)
-            workers = []
-            user_env = _user_interface_env()
-            for index, fraction in enumerate(fractions):
-                env = {
-                    "RANK": str(index),
-                    "LOCAL_RANK": "0",  # one bundle, one (logical) GPU per worker
-                    "WORLD_SIZE": str(job.num_gpus if job.job_type == "training" else 1),
-                    "ARCTIC_RL_JOB_ID": str(job.job_id),
-                    "ARCTIC_RL_OP_TIMEOUT": str(self.op_timeout),  # engines' own waits
-                    **user_env,
-                }
-                if job.job_type != "training":
-                    env["RANK"] = "0"
-                rank = index if job.job_type == "training" else 0
-                world = job.num_gpus if job.job_type == "training" else 1
-                worker = remote_cls.options(
-                    num_cpus=0,
-                    num_gpus=fraction,
-                    # the engine says how many calls it takes at once (a request loop that
-                    # batches concurrent generates takes many)
-                    max_concurrency=_engine_spec(job.engine, job.job_type).max_concurrency,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=pg, placement_group_bundle_index=index
-                    ),
-                    name=None,
-                ).remote(
-                    job.job_type,
-                    job.engine,
-                    {**job.config, **job.launch_overrides},
-                    rank,
-                    world,
-                    index,
-                    str(work_dir),
-                    env,
-                )
-                workers.append(worker)
-            job.workers = workers
-            # every address and port comes from the worker that uses it, on its own node
-            infos = self._await(job, [w.node.remote() for w in workers], deadline, "start")
-            if infos is None:
-                return
-            job.nodes = [{"address": i["address"], "node_id": i["node_id"]} for i in infos]
-            if job.job_type == "training":  # one world: rank 0 listens on its node
-                port = self._await(job, [workers[0].free_port.remote()], deadline, "start")
-                if port is None:
-                    return
-                envs = [{"MASTER_ADDR": job.node_of(0), "MASTER_PORT": str(port[0])}] * len(workers)
-            else:  # worlds of one: each worker on its own node
-                ports = self._await(job, [w.free_port.remote() for w in workers], deadline, "start")
-                if ports is None:
-                    return
-                envs = [
-                    {"MASTER_ADDR": job.node_of(i), "MASTER_PORT": str(p)}
-                    for i, p in enumerate(ports)
-                ]
-            logger.info(
-                "job %d (%s): workers on %s",
-                job.job_id,
-                job.job_type,
-                ", ".join(f"{i}@{job.node_of(i)}" for i in range(len(workers))),
-            )
-            done = self._await(
-                job,
-                [w.setup.remote(e) for w, e in zip(workers, envs, strict=True)],
-                deadline,
-                "be ready",
-            )
-            if done is None:
-                return
-            job.worker_pids = [int(info["pid"]) for info in done]
-            started_from = {**job.config, **job.launch_overrides}.get("checkpoint_path")
-            if job.job_type == "training" and started_from:  # a resume: at its saved step
-                step = ray.get(workers[0].global_step.remote(), timeout=self.op_timeout)
-                job.global_step = int(step)
-            job.set_state(JobState.RUNNING)
+            start_workers(job, self._placement.for_job, self.run_dir, self.op_timeout)
         except Exception as exc:
             logger.debug("job %d failed: %s", job.job_id, traceback.format_exc())
-            job.set_state(JobState.FAILED, reason=f"{type(exc).__name__}: {_reason(exc)}")
+            job.set_state(JobState.FAILED, reason=f"{type(exc).__name__}: {failure_reason(exc)}")
             self._release(job)
-
-    @staticmethod
-    def _await(job: Job, refs: list[Any], deadline: float, what: str) -> list[Any] | None:
-        """Results of ``refs`` once all are in; None when the job was cancelled meanwhile."""
-        import ray
-
-        pending = list(refs)
-        timeout = float(job.config.get("job_ready_timeout", 600.0))
-        while pending:
-            if job.cancel_requested:
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(
-                    f"engines of job {job.job_id} did not {what} within "
-                    f"job_ready_timeout={timeout}s"
-                )
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, remaining))
-        return list(ray.get(refs))
-
-    @staticmethod
-    def _wait_ready(ref: Any, timeout: float) -> bool:
-        import ray
-
-        ready, _ = ray.wait([ref], timeout=timeout)
-        return bool(ready)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -703,8 +469,9 @@ class JobManager:
                 f"{operation} on job {job.job_id} ({job.job_type}) did not finish within {limit}s"
             ) from None
         except RayActorError as exc:
-            where = _where(job, workers, exc)
-            reason = f"a worker of job {job.job_id}{where} died during {operation}: {_reason(exc)}"
+            where = failure_node(job, workers, exc)
+            why = failure_reason(exc)
+            reason = f"a worker of job {job.job_id}{where} died during {operation}: {why}"
             self._worker_died(job, workers, reason)
             raise WorkerDiedError(reason) from None
         except RayTaskError as exc:
@@ -743,20 +510,20 @@ class JobManager:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        gone = _dead_nodes()
+        gone = dead_nodes()
         for job in list(self.jobs.values()):
             if job.state is not JobState.RUNNING:
                 continue
             workers = job.workers
-            lost = _lost_nodes(job, gone)
+            lost = lost_nodes(job, gone)
             if lost:
                 self._worker_died(job, workers, f"job {job.job_id} lost {lost}")
                 continue
             try:
                 ray.get([w.ping.remote() for w in workers], timeout=30)
             except RayActorError as exc:
-                where = _where(job, workers, exc)
-                reason = f"a worker of job {job.job_id}{where} died: {_reason(exc)}"
+                where = failure_node(job, workers, exc)
+                reason = f"a worker of job {job.job_id}{where} died: {failure_reason(exc)}"
                 self._worker_died(job, workers, reason)
             except GetTimeoutError:
                 logger.warning("job %d: a worker did not answer a ping within 30 s", job.job_id)
@@ -765,7 +532,7 @@ class JobManager:
         """Fail ``job`` for a dead worker, unless it was restarted since (new workers); the
         reason names the node when Ray reports it dead."""
         if job.state is JobState.RUNNING and job.workers is workers:
-            lost = _lost_nodes(job, _dead_nodes())
+            lost = lost_nodes(job, dead_nodes())
             if lost and "lost node" not in reason:
                 reason = f"{reason} (job {job.job_id} lost {lost})"
             job.set_state(JobState.FAILED, reason=reason)
@@ -820,7 +587,7 @@ class JobManager:
                 j.config.get("colocate") and not j.state.terminal for j in self.jobs.values()
             )
             if not live:
-                self._remove_colocation_group()
+                self._placement.remove_shared()
 
     def stop_all(self) -> None:
         """Stop every job's workers and leave the job table as it is (for ``--resume``)."""
@@ -842,17 +609,7 @@ class JobManager:
                 except Exception as exc:
                     logger.warning("job %d: close failed: %s", job.job_id, exc)
             self._release(job)
-        self._remove_colocation_group()
-
-    def _remove_colocation_group(self) -> None:
-        if self._colocation_group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            try:
-                remove_placement_group(self._colocation_group)
-            except Exception:
-                pass
-            self._colocation_group = None
+        self._placement.remove_shared()
 
     def destroy_all(self) -> None:
         """Destroy every job that is not finished yet."""
@@ -861,4 +618,4 @@ class JobManager:
                 self.destroy(job_id)
             except Exception as exc:
                 logger.warning("destroying job %d failed: %s", job_id, exc)
-        self._remove_colocation_group()
+        self._placement.remove_shared()

@@ -1,0 +1,93 @@
+"""Where a job's workers go: a placement group of its own, or the bundles colocated jobs
+share; and the check, when a job is created, that the cluster could ever hold it."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from arctic_platform.rl.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from arctic_platform.rl.server.jobs import Job
+
+COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
+
+
+def cluster_gpus() -> float | None:
+    """All GPUs of the Ray cluster this process is attached to (None when not attached)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return float(ray.cluster_resources().get("GPU", 0.0))
+
+
+def check_cluster_has(job_type: str, config: Any) -> None:
+    """422 for a job that asks for more GPUs than the whole cluster has: it could never place.
+
+    A colocated job needs as many bundles as its largest role; others need their own count.
+    """
+    total = cluster_gpus()
+    if total is None:
+        return
+    fields = ["training_gpus", "sampling_gpus", "log_prob_gpus"]
+    field = max(fields, key=lambda f: getattr(config, f)) if config.colocate else f"{job_type}_gpus"
+    need = getattr(config, field)
+    if need > total:
+        raise InvalidRequestError(
+            f"{field}={need} is more than the {total:g} GPUs the Ray cluster has in all; "
+            "this job could never be placed"
+        )
+
+
+class Placement:
+    """Placement groups for jobs; colocated jobs share one group sized by the first of them.
+
+    ``lock`` is the job manager's, so a shared group is never made and freed at once.
+    """
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self._colocation_group: Any = None
+        self._colocation_bundles = 0
+
+    def for_job(self, job: Job) -> tuple[Any, list[float]]:
+        """A placement group for ``job`` and the GPU fraction each of its workers asks for."""
+        from ray.util.placement_group import placement_group
+
+        if job.config.get("colocate"):
+            with self._lock:
+                need = max(
+                    job.config.get("training_gpus", 0),
+                    job.config.get("sampling_gpus", 0),
+                    job.config.get("log_prob_gpus", 0),
+                )
+                if self._colocation_group is None:
+                    bundles = [{"GPU": 1.0} for _ in range(need)]
+                    self._colocation_group = placement_group(bundles, strategy="PACK")
+                    self._colocation_bundles = need
+                elif need > self._colocation_bundles:
+                    raise InvalidRequestError(
+                        f"colocated jobs share {self._colocation_bundles} GPU bundles; this "
+                        f"config asks for {need}"
+                    )
+                job.owns_placement_group = False
+                return self._colocation_group, [COLOCATED_GPU_FRACTION] * job.num_gpus
+        bundles = [{"GPU": 1.0} for _ in range(job.num_gpus)]
+        return placement_group(bundles, strategy="PACK"), [1.0] * job.num_gpus
+
+    def remove_shared(self) -> None:
+        """Free the colocated jobs' shared group (callers check that no such job is left)."""
+        if self._colocation_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._colocation_group)
+            except Exception:
+                pass
+            self._colocation_group = None
+
+
+__all__ = ["COLOCATED_GPU_FRACTION", "Placement", "check_cluster_has", "cluster_gpus"]
