@@ -45,6 +45,22 @@ KNOBS: dict[str, tuple[Any, ...]] = {
     "micro": ("whole", "tokens"),
 }
 
+# The config field each knob sets (a refusal must name the fields of the knobs it refuses).
+KNOB_FIELDS: dict[str, str] = {
+    "arch": "model_name",
+    "tied": "model_name",
+    "dtype": "training_config.dtype",
+    "zero": "ds_config",
+    "world": "training_gpus",
+    "log_prob_engine": "log_prob_engine",
+    "transport": "comm_protocol",
+    "colocate": "colocate",
+    "backend": "backend",
+    "determinism": "full_determinism",
+    "grad_ckpt": "training_config.gradient_checkpointing",
+    "micro": "training_config.mb_spec",
+}
+
 # Agreement bounds between the trainer's log-probs and the sampler's / log-prob job's.
 FP32_LOGPROB_BOUND = 1e-3
 # Measured on this machine: the trainer runs bf16 while vLLM-CPU runs fp32 on the same
@@ -307,7 +323,7 @@ class MatrixRunner:
         self.work_dir = Path(work_dir)
         self.gpus = gpus
         self.models: dict[tuple[str, bool], str] = {}
-        self._local: dict[str, tuple[Any, Any, int | None]] = {}
+        self._local: dict[str, tuple[Any, int | None]] = {}
         self._platform: subprocess.Popen[bytes] | None = None
         self._platform_port: int | None = None
 
@@ -326,7 +342,7 @@ class MatrixRunner:
     def _local_server(self, transport: str) -> int | None:
         """Start (once) a local-backend server for ``transport`` with room for any row."""
         if transport in self._local:
-            return self._local[transport][2]
+            return self._local[transport][1]
         from arctic_platform.rl.config import ArcticRLClientConfig
         from arctic_platform.rl.network import free_port
         from arctic_platform.rl.plugins import get_registry
@@ -339,8 +355,8 @@ class MatrixRunner:
             }
         )
         backend = get_registry().get("backend", "local").create()
-        link = backend.start(holder)
-        self._local[transport] = (backend, link, port)
+        backend.start(holder).close()  # launches the server and waits until it is healthy
+        self._local[transport] = (holder, port)
         return port
 
     def _platform_server(self) -> int:
@@ -381,7 +397,12 @@ class MatrixRunner:
 
     def close(self) -> None:
         """Stop every server this runner started."""
-        for backend, link, _ in self._local.values():
+        from arctic_platform.rl.plugins import get_registry
+
+        for holder, _ in self._local.values():
+            # attach afresh: a row's client may have ended this process's Ray connection
+            backend = get_registry().get("backend", "local").create()
+            link = backend.start(holder)
             try:
                 backend.stop()
             finally:

@@ -197,12 +197,42 @@ class ArcticWorkerExtension:
         finally:
             for log in loggers:
                 log.removeFilter(quiet)
+        if self._arctic_tied():
+            self._arctic_refresh_tied_head()
         for name, tensor in tensors.items():
             if self._arctic_counted(name):
                 record[name] = sum_of_squares(tensor, dtype)
                 if self._arctic_shapes is not None:
                     self._arctic_shapes[name] = list(tensor.shape)
         return {"tensors": len(tensors), "seconds": time.perf_counter() - started}
+
+    def _arctic_refresh_tied_head(self) -> None:
+        """Re-tie the LM head to the reloaded input embedding and redo its kernel set-up.
+
+        A tied head is its own module sharing the embedding's weight; on CPU its GEMM kernel
+        keeps a packed copy made at load time, and a reload processes only the modules whose
+        weights it was given (the embedding), so the head kept computing with the old weights.
+        """
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            VocabParallelEmbedding,
+        )
+
+        model = self._arctic_model()
+        modules = list(model.modules())
+        embeds = [
+            m
+            for m in modules
+            if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
+        ]
+        heads = [m for m in modules if isinstance(m, ParallelLMHead)]
+        if len(embeds) != 1:
+            return
+        for head in heads:
+            head.weight = embeds[0].weight
+            method = getattr(head, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(head)
 
     def arctic_weight_sumsq(self) -> float:
         """Sum of squares (float64) over the checkpoint-format weights this worker serves."""

@@ -1,0 +1,66 @@
+"""The pairwise configuration matrix of the whole loop (issue 17), on real engines.
+
+Each planned row (``bench.matrix.pairwise_rows``) runs generate -> log_probs -> fwd_no_grad
+-> fwd_bwd -> step -> sync -> generate, then save, a reconnecting second process that steps,
+and a load, checking trainer/sampler/log-prob agreement, equal weight norms after the sync,
+and a loss curve that continues across the save. The rows share one server per backend and
+transport. Every refused pair must be refused at config validation naming its fields.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.matrix import KNOB_FIELDS, MatrixRunner, RowResult, pairwise_rows
+
+PLAN = pairwise_rows()
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory, request):
+    work = tmp_path_factory.mktemp("matrix")
+    old = {k: os.environ.get(k) for k in ("ARCTIC_RL_HOME", "ARCTIC_RL_PAT")}
+    os.environ["ARCTIC_RL_HOME"] = str(work / "home")
+    results: list[RowResult] = []
+    with MatrixRunner(work) as matrix:
+        yield matrix, results
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and results:
+        reporter.write_line("")
+        reporter.write_line(f"configuration matrix: {len(results)} rows")
+        for r in results:
+            reporter.write_line(f"  {r.row}: {'pass' if r.passed else 'FAIL'} {r.seconds} s")
+        reporter.write_line(f"  in all {sum(r.seconds for r in results):.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", PLAN.rows, ids=[row.id for row in PLAN.rows])
+def test_the_whole_loop_runs_on_the_row(runner, row):
+    matrix, results = runner
+    result = matrix.run(row)
+    results.append(result)
+    assert result.passed, f"{row.id}: {result.error}\nchecks: {result.checks}"
+
+
+@pytest.mark.parametrize(
+    "pair", PLAN.refused_pairs, ids=[f"{a}={x}-{b}={y}" for a, x, b, y in PLAN.refused_pairs]
+)
+def test_a_refused_pair_is_refused_at_validation_naming_its_fields(pair):
+    knob_a, _, knob_b, _ = pair
+    reasons = [reason for row, reason in PLAN.refused_rows if _holds(row, pair)]
+    assert reasons and all(reasons)
+    for reason in reasons:
+        for knob in (knob_a, knob_b):
+            assert KNOB_FIELDS[knob].split(".")[-1] in reason, (knob, reason)
+
+
+def _holds(row, pair) -> bool:
+    knob_a, a, knob_b, b = pair
+    return getattr(row, knob_a) == a and getattr(row, knob_b) == b
