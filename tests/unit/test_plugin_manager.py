@@ -19,6 +19,7 @@ from arctic_platform.rl.plugins import (
     EngineSpec,
     Registry,
     TransportSpec,
+    get_registry,
     new_plugin_manager,
     set_registry,
 )
@@ -293,3 +294,184 @@ def test_a_deny_list_disables_only_what_it_names_and_says_which_variable(fixture
     assert reg.pm.records["fixture_good"].error == f"disabled by {DENY_ENV}"
     assert reg.pm.records["arctic_rl_local"].status == "loaded"
     assert "local" in reg.names("backend")
+
+
+def _adhoc_registry() -> Registry:
+    """A registry over hand-registered plugins: a good one, a duplicate, two that fail in a
+    hook (one after yielding an engine) and one registered without a record."""
+    from arctic_platform.rl.plugins import hookimpl, not_implemented_yet
+    from arctic_platform.rl.plugins.manager import PluginRecord
+
+    class Good:
+        @hookimpl
+        def arctic_rl_register_backends(self):
+            yield BackendSpec(name="Alpha", factory="json:dumps", description="a")
+            yield BackendSpec(name="later", factory=not_implemented_yet("later"), description="l")
+
+        @hookimpl
+        def arctic_rl_register_engines(self):
+            yield EngineSpec(name="eng", role="training", factory="json:dumps", description="e")
+
+    class Dup:
+        @hookimpl
+        def arctic_rl_register_backends(self):
+            yield BackendSpec(name="alpha", factory="json:loads", description="a2")
+
+    class Bad:
+        @hookimpl
+        def arctic_rl_register_backends(self):
+            yield "not a spec"
+
+    class Half:
+        @hookimpl
+        def arctic_rl_register_backends(self):
+            yield 3
+
+        @hookimpl
+        def arctic_rl_register_engines(self):
+            yield EngineSpec(name="half-eng", role="sampling", factory="json:dumps")
+
+    class Adhoc:
+        @hookimpl
+        def arctic_rl_register_backends(self):
+            yield BackendSpec(name="zeta", factory="json:dumps")
+
+    pm = new_plugin_manager(load_entrypoints=False)
+    for plugin, name, dist in [
+        (Good(), "good", "good-dist"),
+        (Dup(), "dup", "dup-dist"),
+        (Bad(), "bad", "bad-dist"),
+        (Half(), "half", "half-dist"),
+    ]:
+        assert pm.register_checked(plugin, PluginRecord(name, f"pkg.{name}", dist, "1.0", "loaded"))
+    pm.register(Adhoc(), name="adhoc")
+    return Registry(pm)
+
+
+def test_plugins_list_rows_are_exact():
+    reg = _adhoc_registry()
+    rows = [r for r in reg.rows() if r["kind"] != "loss"]
+    conflict = (
+        "backend 'alpha' is registered twice: by plugin 'good' (distribution good-dist) and by "
+        "plugin 'dup' (distribution dup-dist)"
+    )
+    common = {"distribution": "good-dist", "version": "1.0", "plugin": "good", "role": None}
+    hook = "arctic_rl_register_backends"
+    half_error = f"{hook}: TypeError: {hook} must yield BackendSpec, got int"
+    assert rows == [
+        {
+            **common,
+            "name": "alpha",
+            "kind": "backend",
+            "status": "duplicate",
+            "error": conflict,
+            "description": "a",
+        },
+        {
+            **common,
+            "name": "later",
+            "kind": "backend",
+            "status": "not implemented yet",
+            "error": None,
+            "description": "l",
+        },
+        {
+            "name": "zeta",
+            "kind": "backend",
+            "role": None,
+            "plugin": "adhoc",
+            "distribution": None,
+            "version": None,
+            "status": "loaded",
+            "error": None,
+            "description": "",
+        },
+        {
+            **common,
+            "name": "eng",
+            "kind": "engine",
+            "role": "training",
+            "status": "loaded",
+            "error": None,
+            "description": "e",
+        },
+        {
+            "name": "half-eng",
+            "kind": "engine",
+            "role": "sampling",
+            "plugin": "half",
+            "distribution": "half-dist",
+            "version": "1.0",
+            "status": "failed",
+            "error": half_error,
+            "description": "",
+        },
+        {
+            "name": "bad",
+            "kind": "plugin",
+            "role": None,
+            "plugin": "bad",
+            "distribution": "bad-dist",
+            "version": "1.0",
+            "status": "failed",
+            "error": f"{hook}: TypeError: {hook} must yield BackendSpec, got str",
+            "description": "pkg.bad",
+        },
+        {
+            "name": "half",
+            "kind": "plugin",
+            "role": None,
+            "plugin": "half",
+            "distribution": "half-dist",
+            "version": "1.0",
+            "status": "failed",
+            "error": half_error,
+            "description": "pkg.half",
+        },
+    ]
+
+
+def test_names_with_a_role_skip_specs_that_have_none():
+    reg = _adhoc_registry()
+    assert reg.names("backend", role="training") == []
+    assert reg.names("engine", role="training") == ["eng"]
+
+
+def test_get_normalises_a_name_and_refuses_one_that_is_not_a_string():
+    reg = _adhoc_registry()
+    assert reg.get("engine", "  ENG ", role="training").name == "eng"
+    with pytest.raises(UnknownPluginError):
+        reg.get("backend", 5)  # type: ignore[arg-type]
+
+
+def test_unknown_messages_are_exact():
+    reg = _adhoc_registry()
+    assert reg.unknown_message("engine", "eng", role="sampling", field="sampling_engine") == (
+        "Unknown sampling engine 'eng' (config field sampling_engine). Installed: half-eng. "
+        "(A plugin providing it may not be installed: see `arctic-rl plugins list`.)"
+    )
+    assert reg.unknown_message("transport", "x") == (
+        "Unknown transport 'x'. Installed: none. "
+        "(A plugin providing it may not be installed: see `arctic-rl plugins list`.)"
+    )
+    assert reg.unknown_message("loss", "grpo2") == (
+        "Unknown loss 'grpo2'. Installed: cross_entropy, grpo, importance_sampling, ppo. "
+        "Did you mean 'grpo'?"
+    )
+    assert reg.unknown_message("backend", 7) == (
+        "Unknown backend 7. Installed: alpha, later, zeta. "
+        "(A plugin providing it may not be installed: see `arctic-rl plugins list`.)"
+    )
+
+
+def test_the_process_wide_registry_is_built_once_and_can_be_replaced():
+    set_registry(None)
+    try:
+        first = get_registry()
+        assert isinstance(first, Registry) and "local" in first.names("backend")
+        assert get_registry() is first
+        mine = _adhoc_registry()
+        set_registry(mine)
+        assert get_registry() is mine
+    finally:
+        set_registry(None)
