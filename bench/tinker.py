@@ -199,11 +199,22 @@ def _arctic_step(
 Step = Callable[[dict[str, float]], Any]
 
 
-def _paired(a: Step, b: Step, repeats: int) -> dict[str, Any]:
+def _cpu(process: Any) -> float:
+    """CPU seconds (user + system) a process has used so far; 0.0 if it is unknown."""
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _paired(a: Step, b: Step, repeats: int, servers: dict[str, Any]) -> dict[str, Any]:
     """``repeats`` rounds of one step each side, the order alternating (AB, BA, ...).
 
     Each round's ratio a/b is a pair measured back to back, so load that changes slowly
-    moves both sides of a pair alike; the median of the pairs' ratios is the figure."""
+    moves both sides of a pair alike; the median of the pairs' ratios is the figure. CPU
+    seconds of this process (the client side: the SDK or ArcticRLClient) and of each side's
+    server process (the front-end, not the engines) are kept too: unlike wall time they
+    hardly depend on the load."""
     a({})
     b({})
     rounds: list[dict[str, Any]] = []
@@ -212,9 +223,15 @@ def _paired(a: Step, b: Step, repeats: int) -> dict[str, Any]:
         order = (("tinker", a), ("arctic_rl_client", b))
         for name, fn in order if i % 2 == 0 else order[::-1]:
             phases: dict[str, float] = {}
+            cpu0, server0 = time.process_time(), _cpu(servers.get(name))
             t0 = time.perf_counter()
             fn(phases)
-            round_[name] = {"total": time.perf_counter() - t0, **phases}
+            round_[name] = {
+                "total": time.perf_counter() - t0,
+                **phases,
+                "client_cpu": time.process_time() - cpu0,
+                "server_cpu": _cpu(servers.get(name)) - server0,
+            }
         round_["ratio"] = round_["tinker"]["total"] / round_["arctic_rl_client"]["total"]
         round_["load_1min"] = os.getloadavg()[0]
         rounds.append(round_)
@@ -275,11 +292,21 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
         )
         client = ArcticRLClient(config, progress=False)
         client.sync_weights()
+        import psutil
+
+        pid_files = sorted((root / "arctic").rglob("server.pid"))
+        servers = {
+            "tinker": psutil.Process(server.pid),
+            "arctic_rl_client": (
+                psutil.Process(int(pid_files[0].read_text())) if len(pid_files) == 1 else None
+            ),
+        }
         load_start = os.getloadavg()
         paired = _paired(
             tinker_step,
             lambda phases: _arctic_step(client, batch_prompts, params, phases),
             repeats,
+            servers,
         )
         load_end = os.getloadavg()
     finally:
@@ -303,6 +330,10 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
         "seconds": {side: _median_of(rounds, side, "total") for side in sides},
         "phases_median": {
             side: {name: _median_of(rounds, side, name) for name in PHASES} for side in sides
+        },
+        "cpu_median": {
+            side: {name: _median_of(rounds, side, name) for name in ("client_cpu", "server_cpu")}
+            for side in sides
         },
         "ratio": statistics.median(ratios),
         "ratio_min": min(ratios),
