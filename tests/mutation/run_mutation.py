@@ -108,8 +108,10 @@ def read_allowlist(path: Path = ALLOWLIST) -> dict[str, Allowed]:
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
-        parts = [p.strip() for p in raw.split(" | ")]
-        if len(parts) != 3 or not all(parts):
+        name, _, rest = raw.partition(" | ")
+        line, _, reason = rest.rpartition(" | ")  # the line itself may hold " | "
+        parts = [name.strip(), line.strip(), reason.strip()]
+        if not all(parts):
             raise SystemExit(f"{path}:{number}: expected 'name | changed line | reason': {raw!r}")
         entries[parts[0]] = Allowed(*parts)
     return entries
@@ -200,13 +202,21 @@ def changed_lines(where: Path, source: str, names: list[str]) -> dict[str, str]:
 
 
 def run_module(
-    name: str, max_children: int, allow: dict[str, Allowed], root: Path, fresh: bool = True
+    name: str,
+    max_children: int,
+    allow: dict[str, Allowed],
+    root: Path,
+    fresh: bool = True,
+    run: bool = True,
 ) -> Score:
-    """Run mutmut on one module in its stage and score it against the allow-list."""
-    where = stage(name, root, fresh)
-    done = _mutmut(where, "run", "--max-children", str(max_children))
-    if done.returncode != 0:
-        raise SystemExit(f"mutmut run failed for {name}:\n{done.stdout[-4000:]}\n{done.stderr}")
+    """Run mutmut on one module in its stage (unless ``run`` is False: score the last run)
+    and score it against the allow-list."""
+    where = stage(name, root, fresh and run)
+    if run:
+        done = _mutmut(where, "run", "--max-children", str(max_children))
+        if done.returncode != 0:
+            out = done.stdout[-4000:]
+            raise SystemExit(f"mutmut run failed for {name}:\n{out}\n{done.stderr}")
     statuses = results(where)
     caught = sum(1 for s in statuses.values() if s in CAUGHT)
     unknown = {s for s in statuses.values()} - CAUGHT - UNCAUGHT - {"skipped"}
@@ -255,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", action="store_true", help="reuse earlier results (only if no test changed)"
     )
+    parser.add_argument(
+        "--score-only", action="store_true", help="score the last run again (allow-list edits)"
+    )
     args = parser.parse_args(argv)
     names = args.modules or list(MODULES)
     unknown = [n for n in names if n not in MODULES]
@@ -264,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     scores = []
     for name in names:
-        score = run_module(name, args.max_children, allow, args.stage_root, not args.keep)
+        score = run_module(
+            name, args.max_children, allow, args.stage_root, not args.keep, not args.score_only
+        )
         scores.append(score)
         print(report(score), flush=True)
         failed |= score.percent < args.goal
