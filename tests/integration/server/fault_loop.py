@@ -5,6 +5,10 @@ the reconnect config and runs loop steps 1..STEPS-1, each a ``fwd_bwd`` then a `
 request ids derived from the step. A replacement process reads the log and carries on with
 the first step whose ``step`` is not logged, repeating its ``fwd_bwd`` with the same id (the
 server answers it without a second gradient when it was applied already).
+
+With ``LOOP_HOLD_AFTER_FWD_BWD=i`` the loop stops after logging ``fwd_bwd`` of step ``i`` and
+waits there until it is killed, so a test's kill lands between that ``fwd_bwd`` and its
+``step`` however slow the machine is.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
+import threading
 from random import Random
 
 from arctic_platform.rl.client import ArcticRLClient
@@ -46,11 +50,12 @@ def main(config_file: str, log_file: str, steps: int) -> None:
     with open(config_file) as f:
         config = ArcticRLClientConfig.model_validate_json(f.read())
     client = ArcticRLClient(config, progress=False)
-    pause = float(os.environ.get("LOOP_PAUSE", "0"))
+    hold = os.environ.get("LOOP_HOLD_AFTER_FWD_BWD")
     for i in range(start, steps):
         m = client.fwd_bwd(batch(i), LOSS, request_id=f"fb-{i}")
         _record(log_file, i=i, phase="fwd_bwd", loss=m["loss"], replayed=m.get("replayed", False))
-        time.sleep(pause)  # the window in which the test kills this process
+        if hold is not None and i == int(hold):
+            threading.Event().wait()  # held here until the test kills this process
         s = client.step(request_id=f"st-{i}")
         _record(log_file, i=i, phase="step", global_step=s["global_step"])
     client.close()

@@ -50,9 +50,10 @@ def reap(pids: set[int], grace: float = 30.0) -> list[int]:
 
 def kill_loop_after_fwd_bwd(command: list[str], log_file: Path, step: int) -> None:
     """Run the fault loop ``command`` and SIGKILL it once it logged ``fwd_bwd`` of ``step``
-    (before its ``step``); the loop pauses after each phase so the kill lands there."""
+    (before its ``step``); the loop holds there until killed, so the kill always lands there."""
     marker = f'"i": {step}, "phase": "fwd_bwd"'
-    process = subprocess.Popen(command, env={**os.environ, "LOOP_PAUSE": "2"})
+    env = {**os.environ, "LOOP_HOLD_AFTER_FWD_BWD": str(step)}
+    process = subprocess.Popen(command, env=env)
     try:
         deadline = time.monotonic() + 120
         while marker not in (log_file.read_text() if log_file.exists() else ""):
