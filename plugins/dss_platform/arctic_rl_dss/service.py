@@ -2,57 +2,39 @@
 
 Transport-free: the FastAPI app in ``app.py`` authenticates, decodes bodies and calls these
 methods with the calling user's name. Every lookup is scoped to that user, so another user's
-job is indistinguishable from a job that does not exist (404).
+job is indistinguishable from a job that does not exist (404). This module holds the control
+plane (jobs, sub-jobs, capacity, metrics, checkpoints); the data plane is ``data_plane``, the
+generic operations ``operations``, the request records ``request_records``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
-import os
 import shutil
 import threading
-import time
 import uuid
-from collections import OrderedDict, defaultdict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from arctic_platform.rl.api import (
-    ArcticRLError,
-    Batch,
-    InvalidRequestError,
-    JobNotFoundError,
-    JobStateError,
-    decode_frame,
-    describe_errors,
-    encode_frame,
-)
-from arctic_rl_dss.chunks import (
-    ChunkAssembler,
-    ChunkConflictError,
-    ChunkError,
-    is_chunk,
-    open_chunk,
+from arctic_platform.rl.api import InvalidRequestError, JobNotFoundError, JobStateError
+from arctic_rl_dss.chunks import ChunkAssembler
+from arctic_rl_dss.data_plane import DataPlaneMixin
+from arctic_rl_dss.errors import (
+    CheckpointNotFoundError,
+    JobExistsError,
+    OverReservationError,
+    SubJobNotFoundError,
 )
 from arctic_rl_dss.models import (
     CORE_TO_WIRE,
     TERMINAL_JOB_STATES,
     WIRE_TO_CORE,
     CreateJobRequest,
-    ForwardBackwardFrame,
-    GenerateFrame,
-    LoadBody,
-    OperationBody,
-    SaveBody,
-    StepBody,
     SubJobConfig,
 )
+from arctic_rl_dss.operations import OperationsMixin
+from arctic_rl_dss.request_records import RequestRunner
 from arctic_rl_dss.store import JobRow, Store, SubJobRow
 from arctic_rl_dss.users import Users
 
@@ -61,76 +43,9 @@ logger = logging.getLogger(__name__)
 _ORDER = {"pending": 0, "placing": 1, "initializing": 2, "running": 3}
 _RESERVED_IDS = frozenset({"capacity", "health", "metrics", "docs", "redoc", "openapi.json"})
 _JOB_ID_FIELDS = ("training_job_id", "sampling_job_id", "log_prob_job_id")
-_RESULT_CACHE = 256
-FRAME_RESULT = "arctic-rl-frame"
-MAX_POLL_WAIT = 10.0
-"""The longest a poll may hold for its request to end (``?wait_s=``)."""
 
 
-class SubJobNotFoundError(JobNotFoundError):
-    """A sub-job id that is not part of the job."""
-
-    code = "sub_job_not_found"
-
-
-class RequestNotFoundError(JobNotFoundError):
-    """A request id that is not a request of the job."""
-
-    code = "request_not_found"
-
-
-class CheckpointNotFoundError(JobNotFoundError):
-    """A checkpoint id the job does not have."""
-
-    code = "checkpoint_not_found"
-
-
-class JobExistsError(ArcticRLError):
-    """A create with a client-chosen job id that this user already has (409)."""
-
-    status = 409
-    code = "job_exists"
-
-
-class OverReservationError(ArcticRLError):
-    """A create that would take the user past their GPU reservation (429)."""
-
-    status = 429
-    code = "over_reservation"
-
-
-def _validated(model: type[BaseModel], data: Any, what: str) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidRequestError(f"invalid {what}: {describe_errors(exc)}") from None
-
-
-def frame_result(value: Any) -> dict[str, Any]:
-    """A result carried as a base64 frame inside poll JSON (tensors, NaN-safe)."""
-    return {
-        "content_type": "application/octet-stream",
-        "encoding": "base64",
-        "wire_format": FRAME_RESULT,
-        "payload_b64": base64.b64encode(encode_frame(value)).decode(),
-    }
-
-
-def _b64_payload(payload: dict[str, Any]) -> dict[str, Any]:
-    """An operation payload, decoding a ``payload_b64`` frame when one is given."""
-    if "payload_b64" not in payload:
-        return payload
-    try:
-        data = base64.b64decode(payload["payload_b64"], validate=True)
-    except (binascii.Error, TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"payload_b64 is not base64: {exc}") from None
-    decoded = decode_frame(data)
-    if not isinstance(decoded, dict):
-        raise InvalidRequestError("the payload frame must hold an object of named fields")
-    return decoded
-
-
-class PlatformService:
+class PlatformService(DataPlaneMixin, OperationsMixin):
     """Jobs with typed sub-jobs, request records, chunked uploads, checkpoints; per user."""
 
     def __init__(
@@ -147,10 +62,7 @@ class PlatformService:
         self.store = store
         self.users = users
         self.chunks = ChunkAssembler(ttl=chunk_ttl, max_held_bytes=max_held_bytes)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="platform-req")
-        self._futures: dict[str, Future[Any]] = {}
-        self._ended: dict[str, threading.Event] = {}
-        self._results: OrderedDict[str, Any] = OrderedDict()
+        self.requests = RequestRunner(store, workers)
         self._lock = threading.RLock()
         self._create_lock = threading.Lock()
         self.forward_backward_count: dict[int, int] = {}
@@ -158,7 +70,7 @@ class PlatformService:
 
     def close(self) -> None:
         """Stop taking requests; queued ones are cancelled, running ones finish or fail."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.requests.close()
 
     # --- lookups ------------------------------------------------------------------------
 
@@ -411,7 +323,7 @@ class PlatformService:
                 self.rl.handle("destroy", {"job_id": sub.engine_id})
         for record in self.store.requests(user, job_id):
             if record["status"] == "pending":
-                self._cancel_request(record["request_id"])
+                self.requests.cancel(record["request_id"])
         return self._job_view(self._job(user, job_id))
 
     def metrics(self, user: str) -> dict[str, Any]:
@@ -497,90 +409,6 @@ class PlatformService:
 
     # --- request records ----------------------------------------------------------------
 
-    def _submit(
-        self,
-        user: str,
-        job_id: str,
-        operation: str,
-        run: Callable[[], Any],
-        key: str | None = None,
-        fingerprint: str | None = None,
-    ) -> dict[str, Any]:
-        request_id, replayed = self.store.add_request(user, job_id, operation, key, fingerprint)
-        if not replayed:
-            with self._lock:
-                self._ended[request_id] = threading.Event()
-                self._futures[request_id] = self._pool.submit(self._execute, request_id, run)
-        return {"request_id": request_id, "job_id": job_id, "replayed": replayed}
-
-    def _execute(self, request_id: str, run: Callable[[], Any]) -> None:
-        try:
-            self._run_request(request_id, run)
-        finally:
-            with self._lock:
-                ended = self._ended.pop(request_id, None)
-            if ended is not None:
-                ended.set()
-
-    def _run_request(self, request_id: str, run: Callable[[], Any]) -> None:
-        self.store.set_request(request_id, "running")
-        try:
-            result = run()
-        except ArcticRLError as exc:
-            status = getattr(exc, "status_code", None) or exc.status
-            self.store.set_request(
-                request_id, "failed", error=str(exc), error_code=exc.code, error_status=status
-            )
-            return
-        except Exception as exc:
-            logger.exception("request %s failed", request_id)
-            self.store.set_request(
-                request_id,
-                "failed",
-                error=f"{type(exc).__name__}: {exc}",
-                error_code="internal_error",
-                error_status=500,
-            )
-            return
-        finally:
-            with self._lock:
-                self._futures.pop(request_id, None)
-        try:
-            path = self.store.result_path(request_id)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(encode_frame(result))
-            os.replace(tmp, path)
-        except Exception as exc:  # the result stays in memory; a restart would lose it
-            logger.warning("cannot keep the result of request %s on disk: %s", request_id, exc)
-        with self._lock:
-            self._results[request_id] = result
-            while len(self._results) > _RESULT_CACHE:
-                self._results.popitem(last=False)
-        self.store.set_request(request_id, "done", has_result=1)
-
-    def _cancel_request(self, request_id: str) -> bool:
-        with self._lock:
-            future = self._futures.get(request_id)
-        if future is not None and future.cancel():
-            self.store.set_request(
-                request_id, "cancelled", error="cancelled before it ran", error_code="cancelled"
-            )
-            with self._lock:
-                ended = self._ended.pop(request_id, None)
-            if ended is not None:
-                ended.set()
-            return True
-        return False
-
-    def _result(self, request_id: str) -> Any:
-        with self._lock:
-            if request_id in self._results:
-                return self._results[request_id]
-        path = self.store.result_path(request_id)
-        if not path.exists():
-            raise ArcticRLError(f"the result of request {request_id} is no longer kept")
-        return decode_frame(path.read_bytes())
-
     def get_request(
         self, user: str, job_id: str, request_id: str, wait: float = 0.0
     ) -> dict[str, Any]:
@@ -590,397 +418,10 @@ class PlatformService:
         most ``MAX_POLL_WAIT``), so a poll answers as soon as the work ends.
         """
         self._job(user, job_id)
-        record = self.store.request(user, job_id, request_id)
-        if record is None:
-            raise RequestNotFoundError(f"job {job_id!r} has no request {request_id!r}")
-        if wait > 0 and record["status"] in ("pending", "running"):
-            with self._lock:
-                ended = self._ended.get(request_id)
-            if ended is not None and ended.wait(min(wait, MAX_POLL_WAIT)):
-                record = self.store.request(user, job_id, request_id) or record
-        view = {k: record[k] for k in ("request_id", "job_id", "operation", "status")}
-        view.update(created_at=record["created_at"], updated_at=record["updated_at"])
-        view.update(result=None, error=record["error"] or "")
-        view.update(error_code=record["error_code"], error_status=record["error_status"])
-        if record["status"] == "done" and record["has_result"]:
-            view["result"] = frame_result(self._result(request_id))
-        return view
+        return self.requests.view(user, job_id, request_id, wait)
 
     def list_requests(self, user: str, job_id: str) -> dict[str, Any]:
         """The job's request records (newest first), without results."""
         self._job(user, job_id)
         keep = ("request_id", "operation", "status", "created_at", "updated_at", "error_code")
         return {"requests": [{k: r[k] for k in keep} for r in self.store.requests(user, job_id)]}
-
-    # --- data plane ---------------------------------------------------------------------
-
-    def _assemble(
-        self,
-        user: str,
-        job_id: str,
-        body: bytes,
-        operation: str,
-        key_prefix: str,
-        chunked_only: bool = False,
-    ) -> tuple[dict[str, Any] | None, Any, str | None, str | None]:
-        """(answer to return now, or None; payload; idempotency key; frame SHA-256)."""
-        decoded = decode_frame(body, as_lists=False)
-        if not is_chunk(decoded):
-            if chunked_only:
-                raise ChunkError(
-                    f"{operation} takes chunk envelopes (the group id is the idempotency key)"
-                )
-            return None, decode_frame(body), None, None
-        header, data = open_chunk(decoded)
-        if header.operation != operation:
-            raise ChunkError(f"a chunk of a {header.operation!r} upload was sent to {operation!r}")
-        key = f"{key_prefix}:{header.chunk_group_id}"
-        existing = self.store.request_for_key(user, job_id, key)
-        if existing is not None:  # a replayed chunk of a group that was already scheduled
-            if existing[1] not in (None, header.frame_sha256):
-                raise ChunkConflictError(
-                    f"chunk group {header.chunk_group_id!r} was already used for another frame"
-                )
-            answer = {"request_id": existing[0], "job_id": job_id, "replayed": True}
-            return answer, None, key, header.frame_sha256
-        frame = self.chunks.add(user, job_id, header, data)
-        if frame is None:
-            received = self.chunks.pending(user, job_id, header.chunk_group_id) or 0
-            answer = {
-                "job_id": job_id,
-                "chunk_group_id": header.chunk_group_id,
-                "received_chunks": received,
-                "total_chunks": header.total_chunks,
-            }
-            return answer, None, key, header.frame_sha256
-        return None, decode_frame(frame), key, header.frame_sha256
-
-    def forward_backward(self, user: str, job_id: str, body: bytes) -> dict[str, Any]:
-        """One chunk of a forward-backward upload; the last one schedules it (at most once)."""
-        self._job(user, job_id)
-        answer, payload, key, sha = self._assemble(
-            user, job_id, body, "forward-backward", "fb", chunked_only=True
-        )
-        if answer is not None:
-            return answer
-        request = _validated(ForwardBackwardFrame, payload, "forward-backward frame")
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=request.sub_job_id, job_type="training",
-            operation="forward-backward",
-        )  # fmt: skip
-        self._running(job, sub)
-        batch = Batch.build(request.batch)  # the one build; the server checks the job's limits
-        group = key.split(":", 1)[1] if key else None
-
-        def run() -> Any:
-            result = self.rl.handle(
-                "fwd_bwd",
-                {
-                    "job_id": sub.engine_id,
-                    "batch": batch,
-                    "loss_fn": request.loss_fn,
-                    "loss_config": request.loss_config,
-                    "request_id": group[:128] if group else None,
-                },
-            )
-            if not result.get("replayed"):
-                with self._lock:
-                    count = self.forward_backward_count.get(sub.number, 0)
-                    self.forward_backward_count[sub.number] = count + 1
-                if isinstance(result.get("loss"), int | float):
-                    self._last_loss[sub.number] = float(result["loss"])
-            return {"job_id": job_id, "avg_loss": result.get("loss"), "metrics": result, **result}
-
-        return self._submit(user, job_id, "forward-backward", run, key, sha)
-
-    def step(self, user: str, job_id: str, body: StepBody) -> dict[str, Any]:
-        """Schedule an optimizer step (once per ``idempotency_key``)."""
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=body.sub_job_id, job_type="training", operation="step"
-        )
-        self._running(job, sub)
-        key = f"step:{body.idempotency_key}" if body.idempotency_key else None
-
-        def run() -> Any:
-            result = dict(
-                self.rl.handle(
-                    "step",
-                    {
-                        "job_id": sub.engine_id,
-                        "learning_rate": body.learning_rate,
-                        "request_id": body.idempotency_key,
-                    },
-                )
-            )
-            return {
-                "global_steps": result.get("global_step"),
-                "last_lr": result.get("lr"),
-                **result,
-            }
-
-        return self._submit(user, job_id, "step", run, key)
-
-    def save(self, user: str, job_id: str, body: SaveBody) -> dict[str, Any]:
-        """Schedule a checkpoint of the training sub-job."""
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=body.sub_job_id, job_type="training", operation="save"
-        )
-        self._running(job, sub)
-
-        def run() -> Any:
-            answer = self.rl.handle(
-                "save_checkpoint", {"job_id": sub.engine_id, "tag": body.checkpoint_id}
-            )
-            path = str(answer["path"])
-            checkpoint_id = Path(path).name
-            row = {
-                "checkpoint_id": checkpoint_id,
-                "sub_job_id": sub.sub_job_id,
-                "path": path,
-                "global_steps": int(answer["global_step"]),
-                "avg_loss": self._last_loss.get(sub.number),
-                "checkpoint_type": body.checkpoint_type,
-                "created_at": time.time(),
-            }
-            self.store.add_checkpoint(user, job_id, row)
-            return {
-                "checkpoint_id": checkpoint_id,
-                "checkpoint_path": path,
-                "checkpoint_tag": checkpoint_id,
-                "checkpoint_type": body.checkpoint_type,
-                "global_steps": row["global_steps"],
-                "path": path,
-                "global_step": row["global_steps"],
-            }
-
-        return self._submit(user, job_id, "save", run)
-
-    def load(self, user: str, job_id: str, body: LoadBody) -> dict[str, Any]:
-        """Schedule loading a checkpoint of this job into its training sub-job."""
-        self._job(user, job_id)  # another user's job is a 404 before any check of the body
-        if body.source_job_id not in (None, job_id):
-            raise InvalidRequestError(
-                "source_job_id: loading another job's checkpoint is not offered by this platform"
-            )
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=body.target_sub_job_id, job_type="training", operation="load"
-        )
-        self._running(job, sub)
-        rows = [
-            r for r in self.store.checkpoints(user, job_id) if r["sub_job_id"] == sub.sub_job_id
-        ]
-        if body.checkpoint_id is not None:
-            row = self._checkpoint(user, job_id, body.checkpoint_id)
-        elif body.step is not None:
-            matches = [r for r in rows if r["global_steps"] == body.step]
-            if not matches:
-                steps = sorted({r["global_steps"] for r in rows})
-                raise CheckpointNotFoundError(
-                    f"job {job_id!r} has no checkpoint at step {body.step}; saved steps: {steps}"
-                )
-            row = matches[-1]
-        elif rows:
-            row = rows[-1]
-        else:
-            raise CheckpointNotFoundError(f"job {job_id!r} has no checkpoint yet")
-
-        def run() -> Any:
-            answer = self.rl.handle(
-                "load_checkpoint", {"job_id": sub.engine_id, "path": row["path"]}
-            )
-            step = int(answer["global_step"])
-            return {
-                "checkpoint_id": row["checkpoint_id"],
-                "global_steps": step,
-                "global_step": step,
-            }
-
-        return self._submit(user, job_id, "load", run)
-
-    def generate(self, user: str, job_id: str, body: bytes) -> dict[str, Any]:
-        """Schedule generation from a frame (or the last chunk of a chunked one)."""
-        self._job(user, job_id)
-        answer, payload, key, sha = self._assemble(user, job_id, body, "generate", "gen")
-        if answer is not None:
-            return answer
-        request = _validated(GenerateFrame, payload, "generate frame")
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=request.sub_job_id, job_type="sampling", operation="generate"
-        )
-        self._running(job, sub)
-        data = {
-            "job_id": sub.engine_id,
-            "prompts": request.prompts,
-            "sampling_params": request.sampling_params,
-        }
-        return self._submit(
-            user, job_id, "generate", lambda: self.rl.handle("generate", data), key, sha
-        )
-
-    # --- generic operations -------------------------------------------------------------
-
-    def operation(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        """A generic operation: async ones answer a request id, inline ones ``{"result"}``."""
-        self._job(user, job_id)  # another user's job is a 404 before any check of the body
-        handlers: dict[str, Callable[[str, str, OperationBody], dict[str, Any]]] = {
-            "forward": self._op_forward,
-            "log-probs": self._op_log_probs,
-            "weight-sync": self._op_weight_sync,
-            "weight-norm": self._op_weight_norm,
-            "reset-prefix-cache": self._op_simple("reset_prefix_cache", None),
-            "empty-training-cache": self._op_simple("empty_training_cache", "training"),
-            "sleep": self._op_memory("sleep"),
-            "wake": self._op_memory("wake"),
-            "cancel-request": self._op_cancel_request,
-            "restart": self._op_restart,
-        }
-        handler = handlers.get(body.operation_type)
-        if handler is None:
-            raise InvalidRequestError(
-                f"unknown operation_type {body.operation_type!r}; known: {sorted(handlers)}"
-            )
-        return handler(user, job_id, body)
-
-    def _target(
-        self, user: str, job_id: str, body: OperationBody, job_type: str | None, what: str
-    ) -> tuple[JobRow, SubJobRow]:
-        wanted = WIRE_TO_CORE[body.sub_job_type] if body.sub_job_type else job_type
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=body.sub_job_id, job_type=wanted, operation=what
-        )
-        if body.sub_job_type and sub.job_type != WIRE_TO_CORE[body.sub_job_type]:
-            raise InvalidRequestError(
-                f"sub_job_id {sub.sub_job_id!r} and sub_job_type {body.sub_job_type!r} disagree"
-            )
-        self._running(job, sub)
-        return job, sub
-
-    def _op_forward(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        _job, sub = self._target(user, job_id, body, None, "forward")
-        if sub.job_type == "sampling":
-            raise InvalidRequestError("forward needs a training or log_probability sub-job")
-        payload = _b64_payload(body.payload)
-        batch = Batch.build(payload.get("batch"))
-        data = {
-            "job_id": sub.engine_id,
-            "batch": batch,
-            "reference_model": bool(payload.get("reference_model", False)),
-        }
-        return self._submit(user, job_id, "forward", lambda: self.rl.handle("fwd_no_grad", data))
-
-    def _op_log_probs(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        _job, sub = self._target(user, job_id, body, "log_prob", "log-probs")
-        payload = dict(_b64_payload(body.payload))
-        payload["job_id"] = sub.engine_id
-        from arctic_platform.rl.api import LogProbsRequest
-
-        _validated(LogProbsRequest, payload, "log-probs payload")
-        return self._submit(user, job_id, "log-probs", lambda: self.rl.handle("log_probs", payload))
-
-    def _op_weight_sync(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        payload = body.payload
-        source = payload.get("source_sub_job_id") or body.sub_job_id
-        job, trainer = self._sub_job(
-            user, job_id, sub_job_id=source, job_type="training", operation="weight-sync"
-        )
-        self._running(job, trainer)
-        subs = self.store.sub_jobs(user, job_id)
-        targets_ids = payload.get("target_sub_job_ids")
-        if targets_ids is None:
-            targets = [s for s in subs if s.job_type in ("sampling", "log_prob")]
-        else:
-            if not isinstance(targets_ids, list) or not all(
-                isinstance(t, str) for t in targets_ids
-            ):
-                raise InvalidRequestError("target_sub_job_ids must be a list of sub-job ids")
-            targets = [self._sub_job(user, job_id, sub_job_id=t)[1] for t in targets_ids]
-        if not targets or any(t.job_type == "training" for t in targets):
-            raise InvalidRequestError("weight-sync targets sampling or log_probability sub-jobs")
-        for target in targets:
-            self._running(job, target)
-        data = {
-            "training_job_id": trainer.engine_id,
-            "sampling_job_ids": [t.engine_id for t in targets if t.job_type == "sampling"],
-            "log_prob_job_ids": [t.engine_id for t in targets if t.job_type == "log_prob"],
-        }
-        names = {str(t.engine_id): t.sub_job_id for t in targets}
-
-        def run() -> Any:
-            result = dict(self.rl.handle("sync_weights", data))
-            result["jobs"] = {names.get(k, k): v for k, v in result.get("jobs", {}).items()}
-            return result
-
-        return self._submit(user, job_id, "weight-sync", run)
-
-    def _op_weight_norm(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        job = self._job(user, job_id)
-        ids = body.payload.get("sub_job_ids")
-        subs = self.store.sub_jobs(user, job_id)
-        if ids is not None:
-            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-                raise InvalidRequestError("payload.sub_job_ids must be a list of sub-job ids")
-            subs = [self._sub_job(user, job_id, sub_job_id=i)[1] for i in ids]
-        for sub in subs:
-            self._running(job, sub)
-        answer = self.rl.handle("weight_norm", {"job_ids": [s.engine_id for s in subs]})
-        by_engine = {str(s.engine_id): s.sub_job_id for s in subs}
-        norms = {by_engine[k]: v for k, v in answer["norms"].items()}
-        return {"result": {"norms": norms}}
-
-    def _op_simple(
-        self, name: str, job_type: str | None
-    ) -> Callable[[str, str, OperationBody], dict[str, Any]]:
-        def handler(user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-            _, sub = self._target(user, job_id, body, job_type, name)
-            if name == "reset_prefix_cache" and sub.job_type == "training":
-                raise InvalidRequestError("reset-prefix-cache is for sampling or log_probability")
-            return {"result": self.rl.handle(name, {"job_id": sub.engine_id})}
-
-        return handler
-
-    def _op_memory(self, verb: str) -> Callable[[str, str, OperationBody], dict[str, Any]]:
-        names = {
-            "training": f"{verb}_training",
-            "sampling": f"{verb}_inference",
-            "log_prob": f"{verb}_log_prob",
-        }
-
-        def handler(user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-            _, sub = self._target(user, job_id, body, None, verb)
-            level = body.payload.get("level", 1)
-            payload: dict[str, Any] = {"job_id": sub.engine_id, "level": level}
-            return {"result": self.rl.handle(names[sub.job_type], payload)}
-
-        return handler
-
-    def _op_restart(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        """Start one sub-job again with the same id (core's ``restart_job``); answers inline.
-
-        Training comes back from its latest checkpoint; poll the job until the sub-job runs.
-        A cancelled job, or one lost with a platform restart, cannot be restarted.
-        """
-        if body.sub_job_id is None and body.sub_job_type is None:
-            raise InvalidRequestError("restart needs sub_job_id (or sub_job_type)")
-        wanted = WIRE_TO_CORE[body.sub_job_type] if body.sub_job_type else None
-        job, sub = self._sub_job(
-            user, job_id, sub_job_id=body.sub_job_id, job_type=wanted, operation="restart"
-        )
-        if job.cancelled:
-            raise JobStateError(f"job {job_id!r} was cancelled; its sub-jobs cannot be restarted")
-        if not self._live(job):
-            why = job.lost_reason or "the platform server restarted"
-            raise JobStateError(f"job {job_id!r} was lost ({why}); create a new job")
-        self.rl.handle("restart_job", {"job_id": sub.engine_id})
-        logger.info("user %s restarted sub-job %s", user, sub.sub_job_id)
-        return {"result": self._sub_view(job, sub)}
-
-    def _op_cancel_request(self, user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
-        request_id = str(body.payload.get("request_id", ""))
-        record = self.store.request(user, job_id, request_id)
-        if record is None:
-            raise RequestNotFoundError(f"job {job_id!r} has no request {request_id!r}")
-        cancelled = record["status"] == "pending" and self._cancel_request(request_id)
-        status = self.store.request(user, job_id, request_id) or record
-        return {
-            "result": {"request_id": request_id, "cancelled": cancelled, "status": status["status"]}
-        }
