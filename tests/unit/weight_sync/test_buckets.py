@@ -204,3 +204,20 @@ def test_a_directory_without_shards_is_an_error_naming_it(tmp_path):
     with pytest.raises(WeightSyncError) as info:
         expected_from_checkpoint(tmp_path)
     assert str(info.value) == f"no *.safetensors files in {tmp_path}"
+
+
+def test_alignment_holds_for_many_tensors_in_one_bucket():
+    plan = plan_buckets([(f"p{i}", f32(3)) for i in range(80)], bucket_size=1 << 20)
+    assert [t.offset for t in plan[0].tensors] == [64 * i for i in range(80)]
+
+
+def test_a_direct_bucket_keeps_its_tensors_dtype_and_shape():
+    (bucket,) = plan_buckets([("w", torch.zeros(5, 8, dtype=torch.float16))], 4096, direct_bytes=64)
+    assert bucket.tensors == (TensorMeta("w", "float16", (5, 8), 0, 80),)
+
+
+def test_an_unlisted_safetensors_dtype_is_lowercased(tmp_path):
+    header = json.dumps({"x": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})
+    raw = header.encode()
+    (tmp_path / "m.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0\0")
+    assert expected_from_checkpoint(tmp_path, check_dtype=True) == {"x": ((2,), "f8_e4m3")}
