@@ -269,23 +269,31 @@ def test_register_checked_answers_whether_the_plugin_loaded():
     assert pm.records["good"] is again
 
 
-def test_a_duplicate_entry_point_name_does_not_stop_the_ones_after_it(tmp_path, monkeypatch):
-    site = _site(
-        tmp_path,
-        {
-            "zz-one": {"zz_dup": "zz_one_plugin"},
-            "zz-two": {"zz_dup": "zz_two_plugin"},
-            "zz-three": {"zzz_after": "zz_three_plugin"},
-        },
+def test_a_duplicate_entry_point_name_does_not_stop_the_ones_after_it(
+    tmp_path, monkeypatch, caplog
+):
+    # zz-one comes first on sys.path, so it wins, though its module sorts after zz-two's
+    first = _site(tmp_path / "first", {"zz-one": {"zz_dup": "zz_b_plugin"}})
+    second = _site(
+        tmp_path / "second",
+        {"zz-two": {"zz_dup": "zz_a_plugin"}, "zz-three": {"zzz_after": "zz_c_plugin"}},
     )
-    for module in ("zz_one_plugin", "zz_two_plugin", "zz_three_plugin"):
+    for site, module in ((first, "zz_b_plugin"), (second, "zz_a_plugin"), (second, "zz_c_plugin")):
         (site / f"{module}.py").write_text('"""A plugin of no hooks."""\n')
-    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
     monkeypatch.delenv(ALLOW_ENV, raising=False)
     monkeypatch.delenv(DENY_ENV, raising=False)
     pm = new_plugin_manager()
+    assert pm.records["zz_dup"].distribution == "zz-one"
     assert pm.records["zzz_after"].status == "loaded"
-    assert pm.records["zz_dup (zz-two)"].status == "duplicate"
+    dup = pm.records["zz_dup (zz-two)"]
+    assert dup.status == "duplicate"
+    assert dup.error == (
+        "entry point 'zz_dup' is provided by both 'zz-one:zz_b_plugin' and "
+        "'zz-two:zz_a_plugin'; the second one is ignored"
+    )
+    assert dup.error in caplog.messages
 
 
 def test_a_deny_list_disables_only_what_it_names_and_says_which_variable(fixture_site, monkeypatch):
