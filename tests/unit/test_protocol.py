@@ -231,3 +231,15 @@ def test_a_ragged_tensor_of_no_rows_is_an_empty_list():
         {"r": {"__ragged__": ["f", "n"]}}, {"f": np.zeros(0), "n": np.zeros(0, np.int64)}
     )
     assert decode_frame(frame) == {"r": []}
+
+
+def test_a_batch_travels_dense_as_its_padded_arrays():
+    from arctic_platform.rl.batch import Batch
+
+    batch = Batch.build({"input_ids": [[1, 2, 3], [4]], "advantages": [0.5, -1.0]})
+    out = decode_frame(encode_frame({"batch": batch}), as_lists=False)["batch"]
+    padded = batch.to_padded()
+    assert set(out) == set(padded)
+    for name, array in padded.items():
+        np.testing.assert_array_equal(out[name], array)
+    np.testing.assert_array_equal(out["attention_mask"], [[1, 1, 1], [1, 0, 0]])
