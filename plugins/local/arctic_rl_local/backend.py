@@ -46,6 +46,12 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs; an exited child of ours (a zombie) is reaped and is not."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:  # not our child: its parent reaps it
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -248,6 +254,9 @@ class LocalBackend(Backend):
                 self.transport.call("shutdown")
             except Exception as exc:
                 logger.warning("shutdown request failed: %s", exc)
+            # Leave before the server's cluster goes: a Ray driver still connected to a
+            # cluster that stops is ended by Ray (the caller's process, without a word).
+            self.transport.close()
         self._terminate()
         if self.follower is not None:
             time.sleep(0.5)
