@@ -234,3 +234,81 @@ def test_a_failed_append_is_followed_by_a_compaction_not_by_a_line_after_half_a_
     _train(job, 1, start=2)
     table = load_table(tmp_path)
     assert table is not None and table.jobs[0] == job.record()
+
+
+# --- the log's own functions, exactly (each kills mutants the tests above let through) -------
+
+
+def test_apply_keeps_the_larger_next_job_id_and_starts_from_one():
+    from arctic_platform.rl.server.job_log import apply
+
+    table: dict = {}
+    apply(table, {"next_job_id": 1})
+    assert table == {"next_job_id": 1}
+    table = {"next_job_id": 5}
+    apply(table, {"next_job_id": 3})
+    assert table == {"next_job_id": 5}
+
+
+def test_apply_new_replaces_only_the_job_with_that_id():
+    from arctic_platform.rl.server.job_log import apply
+
+    table: dict = {}
+    apply(table, {"job_id": 1, "new": {"job_id": 1, "state": "a"}})
+    assert table == {"jobs": [{"job_id": 1, "state": "a"}]}
+    table = {"jobs": [{"job_id": 1, "state": "a"}, {"job_id": 2, "state": "b"}]}
+    apply(table, {"job_id": 1, "new": {"job_id": 1, "state": "c"}})
+    assert table["jobs"] == [{"job_id": 2, "state": "b"}, {"job_id": 1, "state": "c"}]
+
+
+def test_apply_puts_ledger_records_in_place_and_needs_the_job():
+    from arctic_platform.rl.server.job_log import JobLogError, apply
+
+    table = {"jobs": [{"job_id": 1, "state": "a"}]}  # no request_ids yet
+    apply(table, {"job_id": 1, "ids": {"put": [{"key": "x", "v": 1}, {"key": "y", "v": 1}]}})
+    apply(table, {"job_id": 1, "ids": {"put": [{"key": "x", "v": 2}]}})
+    assert table["jobs"][0]["request_ids"] == [{"key": "x", "v": 2}, {"key": "y", "v": 1}]
+    with pytest.raises(JobLogError) as info:
+        apply(table, {"job_id": 9, "set": {"state": "b"}})
+    assert str(info.value) == "a change of job 9, which the table does not hold"
+
+
+def test_a_change_of_records_without_ledgers_is_just_the_fields():
+    from arctic_platform.rl.server.job_log import change
+
+    old, new = {"job_id": 1, "state": "a"}, {"job_id": 1, "state": "b"}
+    assert change(old, new) == {"job_id": 1, "set": {"state": "b"}}
+
+
+def test_a_bad_line_before_the_last_names_itself(tmp_path):
+    from arctic_platform.rl.server.job_log import JobLogError, read_log
+
+    log_path(tmp_path).write_text('{"log_id": "L"}\n[1, 2]\n{"job_id": 1}\n')
+    with pytest.raises(JobLogError) as info:
+        read_log(tmp_path, "L")
+    assert str(info.value) == f"line 2 of {log_path(tmp_path)} is not a change: not a JSON object"
+
+
+def test_a_log_holding_only_a_torn_line_has_no_entries(tmp_path):
+    from arctic_platform.rl.server.job_log import read_log
+
+    log_path(tmp_path).write_text('{"log_id": "L"')
+    assert read_log(tmp_path, "L") == []
+
+
+def test_a_new_writer_truncates_and_counts_every_byte_of_sorted_lines(tmp_path, monkeypatch):
+    import os
+
+    from arctic_platform.rl.server.job_log import LogWriter
+
+    log_path(tmp_path).write_text("x" * 500 + "\n")
+    writer = LogWriter(tmp_path, "L2")
+    writer.append({"b": 1, "a": 2})
+    data = log_path(tmp_path).read_bytes()
+    assert data == b'{"log_id":"L2"}\n{"a":2,"b":1}\n'
+    assert writer.size == len(data)
+    writer.close()
+    closed: list[int] = []
+    monkeypatch.setattr(os, "close", closed.append)
+    writer.close()  # a second close closes nothing
+    assert closed == []
