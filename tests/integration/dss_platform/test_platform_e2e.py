@@ -272,11 +272,16 @@ def test_restart_job_brings_a_sub_job_back_through_the_platform(alice):
     assert norms["sampling"] == pytest.approx(norms["training"], rel=1e-5)
 
 
-def test_metrics_through_the_platform_count_the_callers_own_requests(alice, bob):
-    a, b = alice.transport, bob.transport
-    mine, theirs = a.call("metrics"), b.call("metrics")
-    alice.fwd_bwd({"input_ids": [[1, 2, 3, 4]], "advantages": [1.0]}, "importance_sampling")
-    mine_after, theirs_after = a.call("metrics"), b.call("metrics")
+def test_metrics_through_the_platform_count_the_callers_own_requests(alice, platform):
+    # carol holds no job here: bob's job would take the platform's last GPU, which
+    # test_a_sub_job_that_cannot_start_reports_why needs
+    a, b = alice.transport, platform.transport(CAROL)
+    try:
+        mine, theirs = a.call("metrics"), b.call("metrics")
+        alice.fwd_bwd({"input_ids": [[1, 2, 3, 4]], "advantages": [1.0]}, "importance_sampling")
+        mine_after, theirs_after = a.call("metrics"), b.call("metrics")
+    finally:
+        b.close()
     fb = "forward-backward"
     assert mine_after["requests"][fb] == mine["requests"].get(fb, 0) + 1
     assert theirs_after["requests"].get(fb, 0) == theirs["requests"].get(fb, 0)
