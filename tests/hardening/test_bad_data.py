@@ -45,6 +45,9 @@ def _refused_and_no_trace(live, call: Callable[[], Any], status: int, *words: st
     exactly the weights of a twin that never saw ``call`` (restored from a checkpoint taken
     just before it), so the refused request left no gradient or state behind."""
     client = live.client
+    # a checkpoint holds no pending gradient: apply any an earlier test (the API fuzzer) left,
+    # so the live job and its checkpoint are the same state before the refused request
+    client.step()
     before = client.save_checkpoint(tag=f"twin-{uuid.uuid4().hex[:8]}")
     message = _refused(live, call, status, *words)
     client.fwd_bwd(TWIN_BATCH, "cross_entropy")
