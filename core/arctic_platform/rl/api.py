@@ -13,8 +13,7 @@ names (``RLServer`` and the Ray-cluster helpers) are imported when first used.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from arctic_platform.rl import __version__, http_common
 from arctic_platform.rl.batch import Batch, BatchLimits
@@ -61,6 +60,7 @@ from arctic_platform.rl.interfaces import (
     ServerTransport,
     TrainingEngine,
 )
+from arctic_platform.rl.lazy_names import lazy_names
 from arctic_platform.rl.losses import LossOutput, aggregate
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.operations import BY_NAME, OPERATIONS, Operation
@@ -219,16 +219,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the server-side names of ``__all__`` when first asked for."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's names, the lazy ones included."""
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -6,9 +6,9 @@ imported on first use (module ``__getattr__``), so importing this package stays 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from arctic_platform.rl.lazy_names import lazy_names
 from arctic_platform.rl.weight_sync.schedule import TopologyError, Transfer, TransferSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,16 +33,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the heavier names of ``__all__`` when first asked for."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The package's names, the lazy ones included."""
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
