@@ -45,6 +45,12 @@ def test_get_job_puts_the_job_id_in_the_path_and_sends_no_body(transport):
     assert request.content == b""
 
 
+def test_get_job_sends_a_ledger_request_id_as_a_query_parameter(transport):
+    request = transport._request(BY_NAME["get_job"], {"job_id": 42, "request_id": "g 1"})
+    assert request.url.path == "/job/42" and request.url.params["request_id"] == "g 1"
+    assert not transport._request(BY_NAME["get_job"], {"job_id": 42}).url.query
+
+
 def test_a_path_parameter_missing_from_the_payload_is_a_transport_error(transport):
     with pytest.raises(TransportError, match="job_id"):
         transport._request(BY_NAME["get_job"], {})

@@ -71,6 +71,20 @@ class JobRequest(_Request):
     job_id: JobId
 
 
+class GetJobRequest(JobRequest):
+    """One job's public view; ``request_id`` also asks what its request-id ledger holds."""
+
+    request_id: str | None = Field(
+        default=None,
+        max_length=128,
+        description=(
+            "A fwd_bwd or step request id of this training job: the answer's `request` gives, "
+            "per operation, the step it was applied on and `rolled_back_to` (a checkpoint load "
+            "undid it), or null when the ledger holds no such id."
+        ),
+    )
+
+
 class FwdBwdRequest(JobRequest):
     """Forward/backward of ``loss_fn`` over ``batch``; ``request_id`` makes a retry safe."""
 

@@ -79,7 +79,8 @@ class HttpTransport(ClientTransport):
                     raise TransportError(f"operation {op.name!r} needs {name!r} in its payload")
                 path = path.replace(part, str(body.pop(name)))
         if op.method == "GET":
-            return self._client.build_request("GET", path)
+            params = {k: body[k] for k in op.query if body.get(k) is not None}
+            return self._client.build_request("GET", path, params=params or None)
         if op.frames:
             return self._client.build_request(
                 op.method,

@@ -7,12 +7,13 @@ real ``ds_checkpoint`` discovery on the real directories a cut publish leaves.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from arctic_platform.rl import wire
-from arctic_platform.rl.errors import InvalidRequestError, JobStateError
+from arctic_platform.rl.errors import CheckpointNotFoundError, InvalidRequestError, JobStateError
 from arctic_platform.rl.server.job_table import load_table
 from arctic_platform.rl.server.jobs import Job, JobManager, JobState
 from arctic_platform.rl.server.rl_server import RLServer, _record_checkpoint
@@ -111,3 +112,37 @@ def test_a_restart_hands_the_engine_a_latest_checkpoint_it_cannot_see_itself(tmp
     assert manager._restore_source(job) == {"checkpoint_path": str(tmp_path / "latest")}
     job = Job(2, "training", "deepspeed", {}, 1, global_step=4)
     assert manager._restore_source(job) == {} and job.global_step == 0
+
+
+def test_the_public_view_lists_the_catalog_entries_whose_directory_exists(tmp_path, monkeypatch):
+    server, job, root = _server(tmp_path, monkeypatch)
+    view = server.get_job(wire.GetJobRequest(job_id=1))
+    assert view["checkpoints"] == [
+        {"step": 3, "path": str(root / "global_step3")},
+        {"step": 5, "path": str(root / "latest")},
+    ]
+    shutil.rmtree(root / "global_step3")  # deleted outside the server (the platform does)
+    assert job.describe()["checkpoints"] == [{"step": 5, "path": str(root / "latest")}]
+
+
+def test_a_load_by_step_of_a_deleted_checkpoint_is_a_404_naming_the_saved_steps(
+    tmp_path, monkeypatch
+):
+    server, job, root = _server(tmp_path, monkeypatch)
+    shutil.rmtree(root / "global_step3")
+    with pytest.raises(CheckpointNotFoundError, match=r"step 3 any more.*saved steps: \[5\]"):
+        _load(server, step=3)
+    assert job.checkpoints == {5: str(root / "latest")}  # the entry is dropped for good
+    table = load_table(tmp_path)
+    assert table is not None and sorted(table.jobs[0].checkpoints) == [5]
+    with pytest.raises(InvalidRequestError, match=r"no checkpoint at step 3; saved steps: \[5\]"):
+        _load(server, step=3)
+
+
+def test_a_deleted_latest_checkpoint_gives_way_to_the_newest_saved_one(tmp_path, monkeypatch):
+    server, job, root = _server(tmp_path, monkeypatch)
+    shutil.rmtree(root / "latest")
+    with pytest.raises(CheckpointNotFoundError, match=r"its latest.*saved steps: \[3\]"):
+        _load(server)
+    assert job.latest_checkpoint == str(root / "global_step3")
+    assert _load(server) == {"global_step": 3, "path": str(root / "global_step3")}

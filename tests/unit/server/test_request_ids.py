@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from arctic_platform.rl import wire
 from arctic_platform.rl.server.job_table import (
     REQUEST_IDS_KEPT,
     JobRecord,
@@ -127,3 +128,41 @@ def test_a_rolled_back_retry_names_its_operation_id_steps_and_what_to_do(kind, o
         "on from there (a repeat of this request is applied again once the job is back on "
         "step 5)"
     )
+
+
+def test_get_job_says_what_the_ledger_holds_for_a_request_id(tmp_path):
+    server = RLServer(run_dir=tmp_path)
+    job = _job()
+    server.jobs.jobs[1] = job
+    remember_request(job.request_ids, "fb:g1", 2, {"loss": 1.0})
+    remember_request(job.request_ids, "step:g1", 2, {"global_step": 3})
+    remember_request(job.request_ids, "fb:g0", 1, {"loss": 2.0})
+    roll_back_requests(job.request_ids, 2)  # a load of the checkpoint at step 2
+
+    def ask(request_id: str) -> dict:
+        return server.get_job(wire.GetJobRequest(job_id=1, request_id=request_id))["request"]
+
+    assert ask("g1") == {
+        "request_id": "g1",
+        "fwd_bwd": {"base_step": 2, "rolled_back_to": 2},
+        "step": {"base_step": 2, "rolled_back_to": 2},
+    }
+    assert ask("g0") == {
+        "request_id": "g0",
+        "fwd_bwd": {"base_step": 1, "rolled_back_to": None},
+        "step": None,
+    }
+    assert ask("never")["fwd_bwd"] is None and ask("never")["step"] is None
+    assert "request" not in server.get_job(wire.GetJobRequest(job_id=1))
+
+
+def test_get_job_accounts_for_a_restore_before_it_answers_for_a_request_id(tmp_path):
+    server = RLServer(run_dir=tmp_path)
+    job = _job()
+    job.state = JobState.RUNNING
+    server.jobs.jobs[1] = job
+    remember_request(job.request_ids, "fb:late", 6, {"loss": 1.0})
+    job.global_step = 5  # new workers (a restart) were restored to the checkpoint at step 5
+    job.workers = ["a worker of the new generation"]
+    held = server.get_job(wire.GetJobRequest(job_id=1, request_id="late"))["request"]
+    assert held["fwd_bwd"] == {"base_step": 6, "rolled_back_to": 5}

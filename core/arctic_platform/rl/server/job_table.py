@@ -96,6 +96,15 @@ def replay_request(
     )
 
 
+def ledger_entry(records: list[RequestIdRecord], key: str) -> dict[str, Any] | None:
+    """What the ledger holds for ``key``: the step it was applied on and, if a restore undid
+    it, the checkpoint step (``rolled_back_to``); None when it holds no such id."""
+    found = next((r for r in records if r.key == key), None)
+    if found is None:
+        return None
+    return {"base_step": found.base_step, "rolled_back_to": found.rolled_back_to}
+
+
 def roll_back_requests(records: list[RequestIdRecord], step: int) -> int:
     """Mark the ids applied on ``step`` or later as undone by a restore to ``step``; count."""
     undone = 0

@@ -178,6 +178,16 @@ class Job:
             request_ids=[r.model_copy() for r in record.request_ids],
         )
 
+    def saved_checkpoints(self) -> list[dict[str, Any]]:
+        """The checkpoint catalog, ``[{"step", "path"}]`` by step, of the entries whose
+        directory exists: one deleted outside the server is not listed (nor one whose
+        replacement was cut short, leaving only a hidden copy; it still loads by step)."""
+        return [
+            {"step": step, "path": path}
+            for step, path in sorted(self.checkpoints.items())
+            if Path(path).is_dir()
+        ]
+
     def describe(self) -> dict[str, Any]:
         """The public view of this job (no tokens, no worker handles)."""
         return {
@@ -197,6 +207,7 @@ class Job:
             "model_name": self.config.get("model_name"),
             "colocate": bool(self.config.get("colocate")),
             "latest_checkpoint": self.latest_checkpoint,
+            "checkpoints": self.saved_checkpoints(),
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }

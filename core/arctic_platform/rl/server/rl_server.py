@@ -19,9 +19,15 @@ from pydantic import ValidationError
 
 from arctic_platform.rl import __version__, wire
 from arctic_platform.rl.batch import Batch, BatchLimits
-from arctic_platform.rl.errors import ArcticRLError, InvalidRequestError, JobStateError
+from arctic_platform.rl.errors import (
+    ArcticRLError,
+    CheckpointNotFoundError,
+    InvalidRequestError,
+    JobStateError,
+)
 from arctic_platform.rl.operations import BY_NAME
 from arctic_platform.rl.server.job_table import (
+    ledger_entry,
     remember_request,
     replay_request,
     roll_back_requests,
@@ -216,9 +222,20 @@ class RLServer:
             "jobs_by_state": dict(states),
         }
 
-    def get_job(self, request: wire.JobRequest) -> dict[str, Any]:
-        """One job's public view."""
-        return self.jobs.get(request.job_id).describe()
+    def get_job(self, request: wire.GetJobRequest) -> dict[str, Any]:
+        """One job's public view; with ``request_id``, what its request-id ledger holds for
+        that fwd_bwd/step id (``request``), after any restore it has not accounted for yet."""
+        job = self.jobs.get(request.job_id)
+        if request.request_id is None:
+            return job.describe()
+        with job.lock:
+            if job.state is JobState.RUNNING:
+                self._settle(job)
+            held = {
+                name: ledger_entry(job.request_ids, f"{prefix}:{request.request_id}")
+                for name, prefix in (("fwd_bwd", "fb"), ("step", "step"))
+            }
+            return {**job.describe(), "request": {"request_id": request.request_id, **held}}
 
     def initialize(self, request: wire.InitializeRequest) -> dict[str, Any]:
         """Create one job; returns its id at once while it is placed in the background."""
@@ -445,7 +462,12 @@ class RLServer:
                 target = self.checkpoint_root(job)
             else:
                 raise InvalidRequestError(f"job {job.job_id} has no checkpoint yet")
-            steps = self._all_ranks(job, "load_checkpoint", str(target))
+            try:
+                steps = self._all_ranks(job, "load_checkpoint", str(target))
+            except CheckpointNotFoundError as exc:
+                if explicit is not None:
+                    raise
+                raise self._forget_checkpoint(job, target, request.step, exc) from None
             restored = int(steps[0])
             job.global_step = restored
             if explicit is None:  # a recorded checkpoint: keep what the engine found there
@@ -459,6 +481,26 @@ class RLServer:
                     f"complete copy and job {job.job_id} is at step {restored} now"
                 )
             return {"global_step": restored, "path": str(target)}
+
+    @staticmethod
+    def _forget_checkpoint(
+        job: Job, target: Path, step: int | None, cause: CheckpointNotFoundError
+    ) -> CheckpointNotFoundError:
+        """Drop the catalog entries of ``target``, which the engine no longer finds (deleted),
+        and the error naming the steps still saved; call under ``job.lock``."""
+        gone = [s for s, p in job.checkpoints.items() if p == str(target)]
+        for old in gone:
+            del job.checkpoints[old]
+        if job.latest_checkpoint == str(target):
+            newest = max(job.checkpoints, default=None)
+            job.latest_checkpoint = None if newest is None else job.checkpoints[newest]
+        if gone:
+            job.changed()
+        which = f"at step {step}" if step is not None else f"at {target} (its latest)"
+        return CheckpointNotFoundError(
+            f"job {job.job_id} has no checkpoint {which} any more ({cause}); saved steps: "
+            f"{sorted(job.checkpoints)}"
+        )
 
     def empty_training_cache(self, request: wire.JobRequest) -> dict[str, Any]:
         """Release cached allocator memory on the training ranks."""
