@@ -259,6 +259,7 @@ class Recorder:
         self.calls: list[str] = []
         self.shutdown_requested = threading.Event()
         self._jobs: dict[int, str] = {}
+        self._checkpoints: dict[int, list[dict[str, Any]]] = {}
 
     def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
         """Record ``name`` and answer with a minimal result of the shape RLServer gives."""
@@ -271,14 +272,17 @@ class Recorder:
         if name in ("get_job", "destroy", "restart_job"):
             if name == "destroy":
                 self._jobs[int(p["job_id"])] = "cancelled"
-            state = self._jobs.get(int(p["job_id"]), "running")
-            return {"job_id": int(p["job_id"]), "state": state, "weight_version": 0}
+            job_id = int(p["job_id"])
+            state = self._jobs.get(job_id, "running")
+            saved = self._checkpoints.get(job_id, [])
+            return {"job_id": job_id, "state": state, "weight_version": 0, "checkpoints": saved}
         if name == "shutdown":
             self.shutdown_requested.set()
             return {"status": "shutting down"}
         if name == "save_checkpoint":
             path = self.run_dir / "checkpoints" / str(p.get("tag") or "global_step1")
             path.mkdir(parents=True, exist_ok=True)
+            self._checkpoints[int(p["job_id"])] = [{"step": 1, "path": str(path)}]
             return {"path": str(path), "global_step": 1}
         if name == "load_checkpoint":
             return {"global_step": 1, "path": str(p.get("path"))}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from arctic_rl_dss.chunks import (
     is_chunk,
     open_chunk,
 )
-from arctic_rl_dss.errors import CheckpointNotFoundError
+from arctic_rl_dss.errors import CheckpointNotFoundError, RolledBackRequestError
 from arctic_rl_dss.models import ForwardBackwardFrame, GenerateFrame, LoadBody, SaveBody, StepBody
 from arctic_rl_dss.request_records import RequestRunner
 from arctic_rl_dss.store import Store
@@ -91,6 +90,8 @@ class DataPlaneMixin:
                 raise ChunkConflictError(
                     f"chunk group {header.chunk_group_id!r} was already used for another frame"
                 )
+            if operation == "forward-backward":
+                self._check_not_rolled_back(user, job_id, existing[0], header.chunk_group_id)
             answer = {"request_id": existing[0], "job_id": job_id, "replayed": True}
             return answer, None, key, header.frame_sha256
         frame = self.chunks.add(user, job_id, header, data)
@@ -104,6 +105,25 @@ class DataPlaneMixin:
             }
             return answer, None, key, header.frame_sha256
         return None, decode_frame(frame), key, header.frame_sha256
+
+    def _check_not_rolled_back(self, user: str, job_id: str, request_id: str, group: str) -> None:
+        """409 when core's request-id ledger says a checkpoint load undid this applied
+        forward-backward: its frame is gone, so only a new group can apply it again."""
+        record = self.store.request(user, job_id, request_id)
+        if record is None or record["status"] != "done":
+            return  # still in flight, or it failed: the record answers
+        for sub in self.store.sub_jobs(user, job_id):
+            if sub.job_type != "training":
+                continue
+            info = self.rl.handle("get_job", {"job_id": sub.engine_id, "request_id": group[:128]})
+            held = (info.get("request") or {}).get("fwd_bwd")
+            if held is not None and held.get("rolled_back_to") is not None:
+                raise RolledBackRequestError(
+                    f"forward-backward chunk group {group!r} (request {request_id}) was applied "
+                    f"on step {held['base_step']} of sub-job {sub.sub_job_id}; loading the "
+                    f"checkpoint of step {held['rolled_back_to']} rolled its gradients back. "
+                    "Send the batch again with a new chunk group id to apply it"
+                )
 
     def forward_backward(self, user: str, job_id: str, body: bytes) -> dict[str, Any]:
         """One chunk of a forward-backward upload; the last one schedules it (at most once)."""
@@ -168,7 +188,9 @@ class DataPlaneMixin:
                 **result,
             }
 
-        return self.requests.submit(user, job_id, "step", run, key)
+        # a retried key runs again: core's request-id ledger answers the first result, or
+        # applies it again when a checkpoint load rolled it back
+        return self.requests.submit(user, job_id, "step", run, key, rerun=True)
 
     def save(self, user: str, job_id: str, body: SaveBody) -> dict[str, Any]:
         """Schedule a checkpoint of the training sub-job."""
@@ -181,26 +203,18 @@ class DataPlaneMixin:
             answer = self.rl.handle(
                 "save_checkpoint", {"job_id": sub.engine_id, "tag": body.checkpoint_id}
             )
-            path = str(answer["path"])
+            path, step = str(answer["path"]), int(answer["global_step"])
             checkpoint_id = Path(path).name
-            row = {
-                "checkpoint_id": checkpoint_id,
-                "sub_job_id": sub.sub_job_id,
-                "path": path,
-                "global_steps": int(answer["global_step"]),
-                "avg_loss": self._last_loss.get(sub.number),
-                "checkpoint_type": body.checkpoint_type,
-                "created_at": time.time(),
-            }
-            self.store.add_checkpoint(user, job_id, row)
+            loss = self._last_loss.get(sub.number)
+            self.store.add_checkpoint_note(user, job_id, path, loss, body.checkpoint_type)
             return {
                 "checkpoint_id": checkpoint_id,
                 "checkpoint_path": path,
                 "checkpoint_tag": checkpoint_id,
                 "checkpoint_type": body.checkpoint_type,
-                "global_steps": row["global_steps"],
+                "global_steps": step,
                 "path": path,
-                "global_step": row["global_steps"],
+                "global_step": step,
             }
 
         return self.requests.submit(user, job_id, "save", run)
@@ -216,31 +230,25 @@ class DataPlaneMixin:
             user, job_id, sub_job_id=body.target_sub_job_id, job_type="training", operation="load"
         )
         self._running(job, sub)
-        rows = [
-            r for r in self.store.checkpoints(user, job_id) if r["sub_job_id"] == sub.sub_job_id
-        ]
+        saved = self._catalog(sub)  # core's: {"step", "path"} of the checkpoints that exist
+        request: dict[str, Any] = {"job_id": sub.engine_id}
         if body.checkpoint_id is not None:
-            row = self._checkpoint(user, job_id, body.checkpoint_id)
+            request["path"] = self._checkpoint(user, job_id, body.checkpoint_id)["path"]
         elif body.step is not None:
-            matches = [r for r in rows if r["global_steps"] == body.step]
-            if not matches:
-                steps = sorted({r["global_steps"] for r in rows})
+            if body.step not in {c["step"] for c in saved}:
+                steps = sorted(c["step"] for c in saved)
                 raise CheckpointNotFoundError(
                     f"job {job_id!r} has no checkpoint at step {body.step}; saved steps: {steps}"
                 )
-            row = matches[-1]
-        elif rows:
-            row = rows[-1]
-        else:
+            request["step"] = body.step
+        elif not saved:
             raise CheckpointNotFoundError(f"job {job_id!r} has no checkpoint yet")
 
         def run() -> Any:
-            answer = self.rl.handle(
-                "load_checkpoint", {"job_id": sub.engine_id, "path": row["path"]}
-            )
+            answer = self.rl.handle("load_checkpoint", request)  # neither: core's latest
             step = int(answer["global_step"])
             return {
-                "checkpoint_id": row["checkpoint_id"],
+                "checkpoint_id": Path(str(answer["path"])).name,
                 "global_steps": step,
                 "global_step": step,
             }

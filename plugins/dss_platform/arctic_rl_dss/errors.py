@@ -30,6 +30,13 @@ class JobExistsError(ArcticRLError):
     code = "job_exists"
 
 
+class RolledBackRequestError(ArcticRLError):
+    """A retried forward-backward whose effect a checkpoint load undid (409): send it anew."""
+
+    status = 409
+    code = "rolled_back"
+
+
 class OverReservationError(ArcticRLError):
     """A create that would take the user past their GPU reservation (429)."""
 
@@ -42,5 +49,6 @@ __all__ = [
     "JobExistsError",
     "OverReservationError",
     "RequestNotFoundError",
+    "RolledBackRequestError",
     "SubJobNotFoundError",
 ]

@@ -61,10 +61,16 @@ class RequestRunner:
         run: Callable[[], Any],
         key: str | None = None,
         fingerprint: str | None = None,
+        rerun: bool = False,
     ) -> dict[str, Any]:
         """A new request record running ``run`` in the pool; with a ``key`` already seen, the
-        earlier record (``replayed``) and nothing run."""
+        earlier record (``replayed``) and nothing run, unless ``rerun``: then an ended record
+        runs ``run`` again in place (the callee's own ledger decides whether to apply)."""
         request_id, replayed = self.store.add_request(user, job_id, operation, key, fingerprint)
+        if replayed and rerun and self.store.reopen_request(request_id):
+            with self._lock:
+                self._results.pop(request_id, None)
+            replayed = False
         if not replayed:
             with self._lock:
                 self._ended[request_id] = threading.Event()

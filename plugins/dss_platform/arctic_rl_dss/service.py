@@ -355,18 +355,48 @@ class PlatformService(DataPlaneMixin, OperationsMixin):
         }
 
     # --- checkpoints --------------------------------------------------------------------
+    # Which checkpoints a training sub-job has (step -> path) is core's catalog (get_job);
+    # the store only notes what core does not know (loss, type, creation time), by path.
+
+    def _catalog(self, sub: SubJobRow) -> list[dict[str, Any]]:
+        """Core's checkpoints of a training sub-job, ``[{"step", "path"}]`` (existing only)."""
+        return list(self._engine(sub).get("checkpoints") or [])
+
+    def _checkpoints(self, user: str, job_id: str) -> list[dict[str, Any]]:
+        """The job's checkpoints (core's catalog of each training sub-job, with the store's
+        notes), oldest first; ``path`` included."""
+        self._job(user, job_id)
+        notes = self.store.checkpoint_notes(user, job_id)
+        rows = []
+        for sub in self.store.sub_jobs(user, job_id):
+            if sub.job_type != "training":
+                continue
+            for entry in self._catalog(sub):
+                path = str(entry["path"])
+                note = notes.get(path, {})
+                rows.append(
+                    {
+                        "checkpoint_id": Path(path).name,
+                        "sub_job_id": sub.sub_job_id,
+                        "path": path,
+                        "global_steps": int(entry["step"]),
+                        "avg_loss": note.get("avg_loss"),
+                        "checkpoint_type": note.get("checkpoint_type", "resumable"),
+                        "created_at": note.get("created_at"),
+                    }
+                )
+        rows.sort(key=lambda r: (r["created_at"] or 0.0, r["global_steps"]))
+        return rows
 
     def _checkpoint(self, user: str, job_id: str, checkpoint_id: str) -> dict[str, Any]:
-        self._job(user, job_id)
-        for row in self.store.checkpoints(user, job_id):
+        for row in self._checkpoints(user, job_id):
             if row["checkpoint_id"] == checkpoint_id:
                 return row
         raise CheckpointNotFoundError(f"job {job_id!r} has no checkpoint {checkpoint_id!r}")
 
     def list_checkpoints(self, user: str, job_id: str) -> dict[str, Any]:
         """The job's checkpoints (those whose files still exist)."""
-        self._job(user, job_id)
-        rows = [r for r in self.store.checkpoints(user, job_id) if Path(r["path"]).exists()]
+        rows = self._checkpoints(user, job_id)
         return {"checkpoints": [{k: v for k, v in r.items() if k != "path"} for r in rows]}
 
     def checkpoint_file(self, user: str, job_id: str, checkpoint_id: str, name: str) -> Path:
@@ -399,13 +429,13 @@ class PlatformService(DataPlaneMixin, OperationsMixin):
         return {"checkpoint_id": checkpoint_id, "files": files, "expires_at": None}
 
     def delete_checkpoint(self, user: str, job_id: str, checkpoint_id: str) -> None:
-        """Delete a checkpoint's files and its record."""
+        """Delete a checkpoint's files (core's catalog then no longer lists it) and its note."""
         row = self._checkpoint(user, job_id, checkpoint_id)
         path = Path(row["path"]).resolve()
         root = (Path(self.rl.run_dir) / "checkpoints").resolve()
         if root in path.parents and path.exists():
             shutil.rmtree(path)
-        self.store.delete_checkpoint(user, job_id, checkpoint_id)
+        self.store.delete_checkpoint_note(user, job_id, row["path"])
 
     # --- request records ----------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The platform server's durable state (SQLite in its run directory): jobs, sub-jobs,
-request records and checkpoints, so a restarted server still answers for them.
+request records and notes on checkpoints (which checkpoints a training job has is core's
+catalog), so a restarted server still answers for them.
 
 Engines do not survive a restart: jobs of an earlier boot are reported ``failed`` and their
 unfinished requests ``failed`` with code ``server_restarted`` (never silently dropped).
@@ -32,11 +33,15 @@ CREATE TABLE IF NOT EXISTS requests (
     updated_at REAL NOT NULL, idempotency_key TEXT, error TEXT, error_code TEXT,
     error_status INTEGER, has_result INTEGER NOT NULL DEFAULT 0, fingerprint TEXT);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_key ON requests (owner, job_id, idempotency_key);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    owner TEXT NOT NULL, job_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
-    sub_job_id TEXT NOT NULL, path TEXT NOT NULL, global_steps INTEGER NOT NULL,
-    avg_loss REAL, checkpoint_type TEXT NOT NULL, created_at REAL NOT NULL,
-    PRIMARY KEY (owner, job_id, checkpoint_id));
+CREATE TABLE IF NOT EXISTS checkpoint_notes (
+    owner TEXT NOT NULL, job_id TEXT NOT NULL, path TEXT NOT NULL, avg_loss REAL,
+    checkpoint_type TEXT NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (owner, job_id, path));
+"""
+# A database of an earlier version kept a whole checkpoint catalog; its notes are kept.
+_MIGRATE_CHECKPOINTS = """
+INSERT OR IGNORE INTO checkpoint_notes (owner, job_id, path, avg_loss, checkpoint_type, created_at)
+    SELECT owner, job_id, path, avg_loss, checkpoint_type, created_at FROM checkpoints;
+DROP TABLE checkpoints;
 """
 
 
@@ -82,6 +87,16 @@ class Store:
         self._lock = threading.RLock()
         with self._lock:
             self._db.executescript(_SCHEMA)
+            old = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'"
+            ).fetchone()
+            if old is not None:
+                try:
+                    self._db.executescript(f"BEGIN; {_MIGRATE_CHECKPOINTS} COMMIT;")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
         self._recover()
 
     def _recover(self) -> None:
@@ -261,6 +276,18 @@ class Store:
                 (status, time.time(), *fields.values(), request_id),
             )
 
+    def reopen_request(self, request_id: str) -> bool:
+        """Move an ended request back to ``pending`` to run it again (its error and result
+        cleared); False when it is still pending or running."""
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE requests SET status = 'pending', updated_at = ?, error = NULL, "
+                "error_code = NULL, error_status = NULL, has_result = 0 WHERE request_id = ? "
+                "AND status IN ('done', 'failed', 'cancelled')",
+                (time.time(), request_id),
+            )
+        return cursor.rowcount == 1
+
     _REQ = (
         "SELECT request_id, owner, job_id, operation, status, created_at, updated_at, "
         "idempotency_key, error, error_code, error_status, has_result FROM requests"
@@ -296,43 +323,35 @@ class Store:
         """Where a done request's result frame is kept."""
         return self.results_dir / f"{request_id}.frame"
 
-    # --- checkpoints --------------------------------------------------------------------
+    # --- checkpoint notes -------------------------------------------------------------
 
-    def add_checkpoint(self, owner: str, job_id: str, row: dict[str, Any]) -> None:
-        """Record (or replace) a checkpoint of the job."""
+    def add_checkpoint_note(
+        self, owner: str, job_id: str, path: str, avg_loss: float | None, checkpoint_type: str
+    ) -> None:
+        """Note what the platform knows of the checkpoint at ``path`` (core's catalog has its
+        step): the loss of the last forward-backward before it, its type, when it was saved."""
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO checkpoints (owner, job_id, checkpoint_id, sub_job_id, "
-                "path, global_steps, avg_loss, checkpoint_type, created_at) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    owner,
-                    job_id,
-                    row["checkpoint_id"],
-                    row["sub_job_id"],
-                    row["path"],
-                    row["global_steps"],
-                    row.get("avg_loss"),
-                    row["checkpoint_type"],
-                    row["created_at"],
-                ),
+                "INSERT OR REPLACE INTO checkpoint_notes (owner, job_id, path, avg_loss, "
+                "checkpoint_type, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (owner, job_id, path, avg_loss, checkpoint_type, time.time()),
             )
 
-    def checkpoints(self, owner: str, job_id: str) -> list[dict[str, Any]]:
-        """The job's checkpoints, oldest first."""
+    def checkpoint_notes(self, owner: str, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's checkpoint notes by path."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT checkpoint_id, sub_job_id, path, global_steps, avg_loss, checkpoint_type, "
-                "created_at FROM checkpoints WHERE owner = ? AND job_id = ? ORDER BY created_at",
+                "SELECT path, avg_loss, checkpoint_type, created_at FROM checkpoint_notes "
+                "WHERE owner = ? AND job_id = ?",
                 (owner, job_id),
             ).fetchall()
-        keys = "checkpoint_id sub_job_id path global_steps avg_loss checkpoint_type created_at"
-        return [dict(zip(keys.split(), r, strict=True)) for r in rows]
+        keys = ("avg_loss", "checkpoint_type", "created_at")
+        return {str(r[0]): dict(zip(keys, r[1:], strict=True)) for r in rows}
 
-    def delete_checkpoint(self, owner: str, job_id: str, checkpoint_id: str) -> None:
-        """Forget a checkpoint row."""
+    def delete_checkpoint_note(self, owner: str, job_id: str, path: str) -> None:
+        """Forget the note of the checkpoint at ``path``."""
         with self._lock:
             self._db.execute(
-                "DELETE FROM checkpoints WHERE owner = ? AND job_id = ? AND checkpoint_id = ?",
-                (owner, job_id, checkpoint_id),
+                "DELETE FROM checkpoint_notes WHERE owner = ? AND job_id = ? AND path = ?",
+                (owner, job_id, path),
             )

@@ -48,6 +48,7 @@ DEFINITIVE_CODES = frozenset(
         "job_exists",
         "chunk_group_conflict",
         "chunk_group_restart_required",
+        "rolled_back",
         "engine_error",
         "checkpoint_error",
         "internal_error",
