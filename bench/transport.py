@@ -24,22 +24,43 @@ from typing import Any
 
 
 def _paired(
-    direct: Callable[[], Any], through: Callable[[], Any], repeats: int
-) -> tuple[float, float]:
-    """Median seconds of ``direct`` and ``through``, timed alternately after a warm-up of each.
+    direct: Callable[[], Any],
+    through: Callable[[], Any],
+    repeats: int,
+    worker_seconds: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    """Medians of ``direct`` and ``through``, timed in pairs after a warm-up of each.
 
-    Alternating puts both under the same load of this shared machine (the server's idle jobs
-    and other processes), which timing one after the other does not.
+    Pairs put both sides under the same load of this shared machine (the server's idle jobs
+    and other processes), which timing one after the other does not; the order alternates
+    within pairs. ``worker_seconds`` (read outside the timed window) is the server's running
+    total of time spent waiting for its workers on this operation: its change over a
+    ``through`` call is that call's engine run in the worker, so ``through / worker`` is what
+    the transport and the server add, free of how fast the engine ran in which process.
     """
     direct()
     through()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, out in zip((direct, through), times, strict=True):
+    rounds: list[dict[str, float]] = []
+    for i in range(repeats):
+        row: dict[str, float] = {}
+        for name in ("direct", "through") if i % 2 == 0 else ("through", "direct"):
+            fn = direct if name == "direct" else through
+            before = worker_seconds() if worker_seconds and name == "through" else 0.0
             t0 = time.perf_counter()
             fn()
-            out.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+            row[name] = time.perf_counter() - t0
+            if worker_seconds and name == "through":
+                row["worker"] = worker_seconds() - before
+        rounds.append(row)
+    out: dict[str, Any] = {
+        "direct_s": statistics.median(r["direct"] for r in rounds),
+        "through_s": statistics.median(r["through"] for r in rounds),
+        "paired_ratio": statistics.median(r["through"] / r["direct"] for r in rounds),
+    }
+    if worker_seconds:
+        out["worker_s"] = statistics.median(r["worker"] for r in rounds)
+        out["over_worker"] = statistics.median(r["through"] / r["worker"] for r in rounds)
+    return out
 
 
 def durability(jobs: tuple[int, ...] = (2, 64), calls: int = 40) -> dict[str, Any]:
@@ -133,16 +154,19 @@ def run(
         if name == "ray":
             config = config.model_copy(update={"host": None, "port": None})
         configs[name] = config
-    direct: dict[str, dict[str, float]] = {name: {} for name in transports}
-    through: dict[str, dict[str, float]] = {name: {} for name in transports}
+    pairs: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in transports}
 
     def pair_with_each_transport(op: str, in_process: Callable[[], Any], call: Any) -> None:
         for name, config in configs.items():
             os.environ["ARCTIC_RL_HOME"] = tempfile.mkdtemp(prefix=f"arctic-bench-{name}-")
             client = ArcticRLClient(config, progress=False)
+
+            def worker_seconds(client: Any = client) -> float:
+                return float(client.transport.call("metrics")["worker_seconds"].get(op, 0.0))
+
             try:
-                direct[name][op], through[name][op] = _paired(
-                    in_process, partial(call, client), repeats
+                pairs[name][op] = _paired(
+                    in_process, partial(call, client), repeats, worker_seconds
                 )
             finally:
                 client.shutdown()
@@ -175,12 +199,19 @@ def run(
         "workload": {"rows": rows, "tokens": tokens, "prompt_len": prompt_len},
         "durability": durability(),
         "load_average": os.getloadavg(),
-        "method": "in-process and transport calls alternate, both engines alive (medians)",
+        "method": (
+            "in-process and transport calls in pairs, order alternating, both engines alive; "
+            "ratio: median through / median in-process; paired_ratio: median of the pairs' "
+            "ratios; over_worker: median of through / the same call's wait for its worker"
+        ),
         "transports": {
             name: {
-                "seconds": through[name],
-                "in_process_s": direct[name],
-                "ratio": {op: through[name][op] / direct[name][op] for op in through[name]},
+                "seconds": {op: p["through_s"] for op, p in pairs[name].items()},
+                "in_process_s": {op: p["direct_s"] for op, p in pairs[name].items()},
+                "worker_s": {op: p["worker_s"] for op, p in pairs[name].items()},
+                "ratio": {op: p["through_s"] / p["direct_s"] for op, p in pairs[name].items()},
+                "paired_ratio": {op: p["paired_ratio"] for op, p in pairs[name].items()},
+                "over_worker": {op: p["over_worker"] for op, p in pairs[name].items()},
             }
             for name in transports
         },
@@ -198,7 +229,14 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
                 (
                     f"{op} via {name} vs in-process ({w['rows']}x{w['tokens']} tokens)",
                     f"{r['seconds'][op] * 1000:.0f} ms vs {r['in_process_s'][op] * 1000:.0f} ms",
-                    f"{ratio:.3f}",
+                    f"{ratio:.3f} (pairs {r['paired_ratio'][op]:.3f})",
+                )
+            )
+            out.append(
+                (
+                    f"{op} via {name} vs its own engine run in the worker",
+                    f"{r['seconds'][op] * 1000:.0f} ms vs {r['worker_s'][op] * 1000:.0f} ms",
+                    f"{r['over_worker'][op]:.3f}",
                 )
             )
     for count, d in report.get("durability", {}).items():

@@ -137,6 +137,19 @@ def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
         assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) <= 1e-3
 
 
+def test_metrics_split_each_operation_into_its_wait_for_workers_and_the_rest(loop):
+    client, _ = loop
+    before = client.transport.call("metrics")
+    gen = client.generate(PROMPTS, {"n": 1, "max_tokens": 4, "temperature": 0.0})
+    rows, _, _ = _batch(gen["outputs"])
+    client.fwd_no_grad({"input_ids": rows})
+    after = client.transport.call("metrics")
+    for op in ("generate", "fwd_no_grad"):
+        total = after["seconds"][op] - before["seconds"].get(op, 0.0)
+        waited = after["worker_seconds"][op] - before["worker_seconds"].get(op, 0.0)
+        assert 0.0 < waited <= total, (op, waited, total)
+
+
 def test_a_left_padded_tensor_batch_scores_like_its_rows(loop):
     import torch
 

@@ -233,6 +233,8 @@ class JobManager:
         self._placement = Placement(self._lock)
         self._threads: list[threading.Thread] = []
         self._frozen = False  # set when the server stops: the table keeps the jobs' states
+        self._worker_seconds: dict[str, float] = {}
+        self._worker_seconds_lock = threading.Lock()
 
     # --- the durable job table ------------------------------------------------------------
 
@@ -473,8 +475,11 @@ class JobManager:
 
         limit = self.op_timeout if timeout is None else timeout
         workers = job.workers  # the generation of workers these refs went to
+        started = time.monotonic()
         try:
-            return list(ray.get(worker_refs, timeout=limit))
+            results = list(ray.get(worker_refs, timeout=limit))
+            self._count_worker_seconds(operation, time.monotonic() - started)
+            return results
         except GetTimeoutError:
             raise OperationTimeoutError(
                 f"{operation} on job {job.job_id} ({job.job_type}) did not finish within {limit}s"
@@ -500,6 +505,19 @@ class JobManager:
                 raise cause from None
             what = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
             raise EngineError(f"{where} failed: {what} (traceback in {log})") from None
+
+    def _count_worker_seconds(self, operation: str, seconds: float) -> None:
+        with self._worker_seconds_lock:
+            self._worker_seconds[operation] = self._worker_seconds.get(operation, 0.0) + seconds
+
+    def worker_seconds(self) -> dict[str, float]:
+        """Seconds spent waiting for workers per engine method, summed over successful calls.
+
+        The refs are sent right before the wait, so this is the workers' time plus Ray's hop;
+        an operation's total in ``metrics`` minus this is what the server and transport add.
+        """
+        with self._worker_seconds_lock:
+            return dict(self._worker_seconds)
 
     def _log_failure(self, job: Job, operation: str, exc: BaseException) -> Path:
         """Append an engine failure's (remote) traceback to the job's log; returns its path."""

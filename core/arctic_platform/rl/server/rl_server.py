@@ -211,7 +211,8 @@ class RLServer:
         }
 
     def metrics(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
-        """Request counts, errors and seconds per operation; job counts per state."""
+        """Request counts, errors and seconds per operation (and waiting for workers, per engine
+        method); job counts per state."""
         states: dict[str, int] = defaultdict(int)
         for job in self.jobs.jobs.values():
             states[job.state.value] += 1
@@ -219,6 +220,7 @@ class RLServer:
             "requests": dict(self._counts),
             "errors": dict(self._errors),
             "seconds": {k: round(v, 6) for k, v in self._seconds.items()},
+            "worker_seconds": {k: round(v, 6) for k, v in self.jobs.worker_seconds().items()},
             "jobs_by_state": dict(states),
         }
 
