@@ -211,8 +211,7 @@ class RLServer:
         }
 
     def metrics(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
-        """Request counts, errors and seconds per operation (and waiting for workers, per engine
-        method); job counts per state."""
+        """Request counts, errors, seconds per operation and per worker wait; jobs by state."""
         states: dict[str, int] = defaultdict(int)
         for job in self.jobs.jobs.values():
             states[job.state.value] += 1
