@@ -190,6 +190,10 @@ def _serve(args: argparse.Namespace) -> int:
     pid_file.write_text(str(os.getpid()))
     try:
         server.start()
+        # ray.init (inside start) puts its own SIGTERM handler in, which exits the process
+        # with status 15 mid-shutdown; a signal here asks for our orderly stop instead.
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
         serve(server, args.host, args.port, token)
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -78,6 +78,8 @@ def serve(
     try:
         uv.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits the process on a failed start-up
+        if uv.started:  # stopped by a signal after serving: not a failed start
+            raise
         raise ServeError(f"the http server on {host}:{port} failed to start ({exc})") from None
     finally:
         done.set()

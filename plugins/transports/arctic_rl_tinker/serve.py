@@ -93,6 +93,8 @@ def serve(
     try:
         uv.run(sockets=[sock])
     except SystemExit as exc:
+        if uv.started:  # stopped by a signal after serving: not a failed start
+            raise
         raise ServeError(f"the tinker server on {host}:{port} failed to start ({exc})") from None
     finally:
         done.set()
