@@ -28,6 +28,7 @@ from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, ServerError
 from arctic_platform.rl.protocol import encode_frame
+from arctic_platform.rl.server.job_table import load_table
 from arctic_platform.rl.server.jobs import free_port
 from arctic_rl_dss.chunks import encode_chunks
 from arctic_rl_dss.transport import DssTransport, PollSettings
@@ -324,6 +325,53 @@ def test_checkpoints_are_listed_exported_loaded_and_deleted(alice):
     t.raw("DELETE", f"/{job}/checkpoints/ckpt-a").raise_for_status()
     assert t.raw("DELETE", f"/{job}/checkpoints/ckpt-a").status_code == 404
     assert not Path(path).exists()
+
+
+def test_checkpoints_are_core_catalog_and_a_deleted_one_is_a_4xx_naming_saved_steps(
+    alice, platform
+):
+    t = alice.transport
+    job = t.job_id
+    path = alice.save_checkpoint(tag="ckpt-b")
+    table = load_table(platform.run_dir)  # core's job table: its catalog, step -> path
+    assert table is not None
+    core = next(j for j in table.jobs if j.job_id == alice.job_ids["training"]).checkpoints
+    step = next(s for s, p in core.items() if p == path)
+    listed = t._send("GET", f"/{job}/checkpoints", what="list")["checkpoints"]
+    assert {c["checkpoint_id"]: c["global_steps"] for c in listed} == {
+        Path(p).name: s for s, p in core.items() if Path(p).is_dir()
+    }
+    assert next(c for c in listed if c["checkpoint_id"] == "ckpt-b")["global_steps"] == step
+    t.raw("DELETE", f"/{job}/checkpoints/ckpt-b").raise_for_status()
+    with pytest.raises(ServerError) as info:
+        alice.load_checkpoint(step=step)
+    assert 400 <= info.value.status_code < 500, info.value
+    assert f"no checkpoint at step {step}; saved steps:" in info.value.message
+    listed = t._send("GET", f"/{job}/checkpoints", what="list")["checkpoints"]
+    assert "ckpt-b" not in {c["checkpoint_id"] for c in listed}
+
+
+def test_after_a_load_a_retried_step_key_applies_again_and_a_fwd_bwd_key_is_a_409(alice):
+    batch = {"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}
+    start = alice.step()["global_step"]  # where the job is (what was accumulated applied)
+    alice.save_checkpoint(tag="before-retry")
+    alice.fwd_bwd(batch, "importance_sampling", request_id="fb-rollback-1")
+    first = alice.step(request_id="st-rollback-1")
+    assert first["global_step"] == start + 1 and first["applied"] is True
+    again = alice.step(request_id="st-rollback-1")  # core's ledger answers: not applied twice
+    assert again["replayed"] is True and again["global_step"] == start + 1
+    assert alice.load_checkpoint(step=start) == start  # rolls core's ledger back
+
+    with pytest.raises(ServerError) as info:
+        alice.fwd_bwd(batch, "importance_sampling", request_id="fb-rollback-1")
+    assert info.value.status_code == 409 and info.value.code == "rolled_back", info.value
+    assert "new chunk group id" in info.value.message
+    alice.fwd_bwd(batch, "importance_sampling", request_id="fb-rollback-2")
+    retried = alice.step(request_id="st-rollback-1")  # its step was undone: applied again
+    assert retried["global_step"] == start + 1 and retried["applied"] is True
+    assert "replayed" not in retried
+    after = alice.step()  # the retry used the gradients: nothing is left to apply
+    assert after["applied"] is False and after["global_step"] == start + 1
 
 
 def test_a_second_process_reconnects_by_integer_ids(alice, platform, tmp_path):
