@@ -28,7 +28,7 @@ def _paired(
     through: Callable[[], Any],
     repeats: int,
     worker_seconds: Callable[[], float] | None = None,
-    warmup: int = 3,
+    warmup: int = 8,
 ) -> dict[str, Any]:
     """Medians of ``direct`` and ``through``, timed in pairs after a warm-up of each.
 
@@ -38,7 +38,9 @@ def _paired(
     total of time spent waiting for its workers on this operation: its change over a
     ``through`` call is that call's engine run in the worker, so ``through / worker`` is what
     the transport and the server add, free of how fast the engine ran in which process.
-    A fresh worker runs its first calls slower than later ones, hence a few warm-up calls.
+    A fresh worker runs its first calls slower than later ones (a fresh training worker's
+    first ~5 ``fwd_bwd`` took 1.2-1.6 s, then ~0.6 s like the in-process engine), hence the
+    warm-up calls.
     """
     for _ in range(warmup):
         direct()
