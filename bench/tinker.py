@@ -207,16 +207,20 @@ def _cpu(process: Any) -> float:
     return float(times.user + times.system)
 
 
-def _paired(a: Step, b: Step, repeats: int, servers: dict[str, Any]) -> dict[str, Any]:
+def _paired(
+    a: Step, b: Step, repeats: int, servers: dict[str, Any], warmup: int = 5
+) -> dict[str, Any]:
     """``repeats`` rounds of one step each side, the order alternating (AB, BA, ...).
 
     Each round's ratio a/b is a pair measured back to back, so load that changes slowly
     moves both sides of a pair alike; the median of the pairs' ratios is the figure. CPU
     seconds of this process (the client side: the SDK or ArcticRLClient) and of each side's
     server process (the front-end, not the engines) are kept too: unlike wall time they
-    hardly depend on the load."""
-    a({})
-    b({})
+    hardly depend on the load. Fresh engine workers run their first calls slowly (see the
+    transport bench), hence ``warmup`` untimed steps a side."""
+    for _ in range(warmup):
+        a({})
+        b({})
     rounds: list[dict[str, Any]] = []
     for i in range(repeats):
         round_: dict[str, Any] = {}
