@@ -24,6 +24,23 @@ from arctic_platform.rl.server.jobs import free_port
 TOKEN = "tml-arctic-test-key"
 
 
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run this package's cookbook test after its SDK tests, in the same slots.
+
+    The recipe's process exits without finishing its Tinker session, so its model's jobs keep
+    the server's one logical GPU until the 120 s heartbeat timeout: run first, it made the SDK
+    module wait those two minutes for placement; run last, the server's stop frees them.
+    """
+    slots = [i for i, item in enumerate(items) if Path(str(item.path)).resolve().parent == HERE]
+    ours = [items[i] for i in slots]
+    ours.sort(key=lambda item: Path(str(item.path)).name == "test_cookbook.py")
+    for slot, item in zip(slots, ours, strict=True):
+        items[slot] = item
+
+
 @dataclass
 class TinkerServer:
     """A running tinker server: its URL, key, model path and log."""
