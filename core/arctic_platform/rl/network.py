@@ -100,6 +100,22 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def token_rule_violation(host: str, token: str | None) -> str | None:
+    """Why serving on ``host`` with ``token`` is refused (no token off loopback, or an empty one).
+
+    ``None`` when it is allowed. Every server entry point (``arctic-rl serve``, the HTTP
+    front-ends, the platform server) applies this one rule and raises its own error with it.
+    """
+    if token is not None and not token.strip():
+        return "the token is empty; give a non-empty token, or none (loopback only)"
+    if token is None and not is_loopback(host):
+        return (
+            f"refusing to serve on non-loopback address {host} without a token; give one "
+            "(--token-file or ARCTIC_RL_TOKEN) or bind 127.0.0.1"
+        )
+    return None
+
+
 def source_address_for(host: str) -> str:
     """This node's IPv4 address on the route to ``host`` (the kernel chooses; nothing is sent).
 
