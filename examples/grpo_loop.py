@@ -5,18 +5,25 @@ one) or any Hugging Face model id you have on disk::
 
     python examples/grpo_loop.py --model ./my-model --steps 20
 
-The task: "digits summing to N:" — the reward is computed exactly from the text.
+The task: "digits summing to N:" — the reward is computed exactly from the text (a share for
+answering in digits, most of it for how close their sum is to N). Each step prints what you
+watch in a real run: the mean reward of the step's samples, the held-out score (greedy
+answers to prompts training never draws) and the weight version the sampler serves.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+from typing import Any
 
 from arctic_platform.rl import ArcticRLClient, ArcticRLClientConfig
 
+HELD_OUT = [4, 7, 11, 15]  # targets never drawn for training (see train_targets)
+
 
 def reward(text: str, target: int) -> float:
+    """1.0 for digits summing exactly to ``target``; partial credit for digits and closeness."""
     digits = [int(c) for c in text if c.isdigit()]
     chars = [c for c in text if not c.isspace()]
     if not digits:
@@ -25,59 +32,86 @@ def reward(text: str, target: int) -> float:
     return 0.3 * len(digits) / len(chars) + 0.7 * closeness
 
 
+def train_targets(rng: random.Random, count: int) -> list[int]:
+    """Targets for one training step, held-out targets excluded."""
+    pool = [t for t in range(3, 19) if t not in HELD_OUT]
+    return [rng.choice(pool) for _ in range(count)]
+
+
+def group_advantages(rewards: list[float]) -> list[float]:
+    """GRPO's advantage: each sample's reward against its group's mean, over the group's std."""
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    return [(r - mean) / (std + 1e-6) if std > 0 else 0.0 for r in rewards]
+
+
+def held_out_score(client: ArcticRLClient) -> float:
+    """Mean reward of greedy answers to the held-out prompts."""
+    prompts = [f"digits summing to {t}:" for t in HELD_OUT]
+    out = client.generate(prompts, {"n": 1, "max_tokens": 6, "temperature": 0.0})
+    texts = [o["completions"][0]["text"] for o in out["outputs"]]
+    return sum(reward(text, t) for text, t in zip(texts, HELD_OUT, strict=True)) / len(texts)
+
+
+def training_batch(
+    targets: list[int], outputs: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[float]]:
+    """Rows (prompt + completion ids), loss masks and advantages, plus every sample's reward."""
+    batch: dict[str, Any] = {"input_ids": [], "loss_mask": [], "advantages": []}
+    behaviour: list[list[float]] = []
+    all_rewards: list[float] = []
+    for target, out in zip(targets, outputs, strict=True):
+        prompt = out["prompt_token_ids"]
+        rewards = [reward(c["text"], target) for c in out["completions"]]
+        all_rewards += rewards
+        for c, adv in zip(out["completions"], group_advantages(rewards), strict=True):
+            batch["input_ids"].append(prompt + c["token_ids"])
+            batch["loss_mask"].append([0] * len(prompt) + [1] * len(c["token_ids"]))
+            batch["advantages"].append(adv)
+            # the sampler's own log-probs of what it sampled: the behaviour policy
+            behaviour.append([0.0] * len(prompt) + list(c["logprobs"]))
+    batch["old_log_probs"] = behaviour
+    return batch, all_rewards
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a local model directory or HF id")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=7000, help="the local server's port")
     args = parser.parse_args()
 
     config = ArcticRLClientConfig(
         model_name=args.model,
         host="127.0.0.1",
+        port=args.port,
         training_gpus=1,
         sampling_gpus=1,
-        log_prob_gpus=1,
-        training_config={"optimizer": {"lr": 2e-3}},
+        log_prob_gpus=0,  # the loss's ratio uses the sampler's own log-probs
+        training_config={"optimizer": {"lr": args.lr}},
     )
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     with ArcticRLClient(config) as client:
-        for step in range(args.steps):
-            targets = [rng.randint(3, 18) for _ in range(8)]
+        print(f"before training: held-out {held_out_score(client):.3f}", flush=True)
+        for step in range(1, args.steps + 1):
+            targets = train_targets(rng, args.prompts)
             prompts = [f"digits summing to {t}:" for t in targets]
             out = client.generate(prompts, {"n": args.group, "max_tokens": 6, "temperature": 1.0})
-
-            rows, masks, advantages, prompt_ids, completion_ids = [], [], [], [], []
-            for target, o in zip(targets, out["outputs"], strict=True):
-                rewards = [reward(c["text"], target) for c in o["completions"]]
-                mean = sum(rewards) / len(rewards)
-                std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-                for c, r in zip(o["completions"], rewards, strict=True):
-                    rows.append(o["prompt_token_ids"] + c["token_ids"])
-                    masks.append([0] * len(o["prompt_token_ids"]) + [1] * len(c["token_ids"]))
-                    advantages.append((r - mean) / (std + 1e-6) if std > 0 else 0.0)
-                    prompt_ids.append(o["prompt_token_ids"])
-                    completion_ids.append(c["token_ids"])
-
-            old = client.log_probs(prompt_ids, completion_ids)["outputs"]
-            old_rows = [
-                [0.0] * len(p) + o["log_probs"] for p, o in zip(prompt_ids, old, strict=True)
-            ]
-            if any(advantages):
-                metrics = client.fwd_bwd(
-                    {
-                        "input_ids": rows,
-                        "loss_mask": masks,
-                        "advantages": advantages,
-                        "old_log_probs": old_rows,
-                    },
-                    loss_fn="grpo",
-                )
-            else:
-                metrics = {"loss": 0.0}
-            client.step()
-            client.sync_weights()
-            print(f"step {step}: loss {metrics['loss']:.4f}")
+            batch, rewards = training_batch(targets, out["outputs"])
+            if any(batch["advantages"]):  # a step where every group tied teaches nothing
+                client.fwd_bwd(batch, loss_fn="grpo")
+                client.step()
+            version = client.sync_weights()["weight_version"]
+            mean_reward = sum(rewards) / len(rewards)
+            print(
+                f"step {step}: reward {mean_reward:.3f}  held-out {held_out_score(client):.3f}"
+                f"  weight_version {version}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
