@@ -3,15 +3,16 @@
 Every test in this directory is marked ``multinode`` and ``slow`` (it starts Ray clusters).
 ``netns_cluster`` is one cluster for the session (a GPU-less head, ``ARL_NETNS_WORKERS``
 one-GPU workers, default 4, and one client namespace); ``netns_cluster_factory`` makes
-clusters a test may break (kill a node, cut a link), closed when the test ends. Both skip,
-with the reason, only where the machine cannot make namespaces (not root, no ``ip``).
+clusters a test may break (kill a node, cut a link), closed when the test ends. Where the
+machine cannot make namespaces (not root, no ``ip``) both skip with the reason, except under
+``CI=true``, where they fail: a CI run that silently skips the suite would pass untested.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def unavailable_outcome(reason: str | None, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """What the suite does when namespaces cannot be made (``reason``): None when they can,
+    ``("fail", why)`` under ``CI`` set to true/1/yes, else ``("skip", reason)``."""
+    if reason is None:
+        return None
+    if environ.get("CI", "").strip().lower() in {"true", "1", "yes"}:
+        return "fail", f"CI={environ['CI']} but the multi-node suite cannot run here: {reason}"
+    return "skip", reason
+
+
 @pytest.fixture(scope="session")
 def netns_available() -> None:
-    """Skip (with the reason) where namespaces, veth pairs and bridges cannot be made."""
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    """Skip (with the reason) where namespaces, veth pairs or bridges cannot be made; CI fails."""
+    outcome = unavailable_outcome(unavailable_reason(), os.environ)
+    if outcome is not None:
+        action, why = outcome
+        if action == "fail":
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
     # a SIGTERM (a CI timeout) becomes SystemExit, so fixtures' finally and atexit clean up
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
