@@ -215,8 +215,7 @@ def run(processes: int = 8, concurrency: int = 50, max_tokens: int = 8) -> dict[
     """Start a server with one sampling job on the tiny model, drive the load, shut down."""
     from arctic_platform.rl.client import ArcticRLClient
     from arctic_platform.rl.config import ArcticRLClientConfig
-    from arctic_platform.rl.server.jobs import free_port
-    from arctic_platform.rl.testing import build_tiny_model
+    from arctic_platform.rl.testing import build_tiny_model, free_port
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))
     port = free_port()

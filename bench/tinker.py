@@ -34,7 +34,7 @@ ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight
 def _start_tinker_server(model: str, home: Path) -> tuple[subprocess.Popen[bytes], str]:
     import httpx
 
-    from arctic_platform.rl.server.jobs import free_port
+    from arctic_platform.rl.testing import free_port
 
     port = free_port()
     (home / "token").write_text(TOKEN)
@@ -253,8 +253,7 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
 
     from arctic_platform.rl.client import ArcticRLClient
     from arctic_platform.rl.config import ArcticRLClientConfig
-    from arctic_platform.rl.server.jobs import free_port
-    from arctic_platform.rl.testing import build_tiny_model
+    from arctic_platform.rl.testing import build_tiny_model, free_port
 
     root = Path(tempfile.mkdtemp(prefix="arctic-bench-tinker-"))
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))

@@ -139,8 +139,7 @@ def run(
     from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.interfaces import EngineContext
     from arctic_platform.rl.plugins import get_registry
-    from arctic_platform.rl.server.jobs import free_port
-    from arctic_platform.rl.testing import build_tiny_model
+    from arctic_platform.rl.testing import build_tiny_model, free_port
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))
     base = ArcticRLClientConfig(

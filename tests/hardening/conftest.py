@@ -19,7 +19,7 @@ from platform_server import platform_live  # noqa: F401  (package-scoped, shared
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # the load test drives bench/load.py

@@ -25,7 +25,7 @@ import pytest
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 
 ALICE = "alice-hardening-token-0123456789"
 BOB = "bob-hardening-token-9876543210xy"

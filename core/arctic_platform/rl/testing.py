@@ -1,4 +1,5 @@
-"""Test and demo helpers: a tiny random-init causal LM with a locally trained tokenizer.
+"""Test and demo helpers: a tiny random-init causal LM with a locally trained tokenizer, and
+``free_port`` (a free loopback TCP port) for tests' own listeners.
 
 The model is saved with ``save_pretrained`` so every engine loads it through the same
 ``model_name=<path>`` code path used for Hugging Face ids. Nothing is downloaded.
@@ -10,6 +11,8 @@ import json
 import random
 from pathlib import Path
 from typing import Literal
+
+from arctic_platform.rl.network import free_port  # tests' listeners: a free loopback port
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -148,3 +151,6 @@ def build_tiny_model(
     ).save_pretrained(str(path))
     stamp.write_text(json.dumps(spec))
     return path
+
+
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tiny_model", "build_tokenizer", "free_port"]

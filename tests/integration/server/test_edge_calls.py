@@ -23,7 +23,7 @@ import pytest
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import ServerError
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 

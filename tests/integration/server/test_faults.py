@@ -38,7 +38,7 @@ from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import ServerError
 from arctic_platform.rl.plugins import get_registry
 from arctic_platform.rl.run_dirs import read_or_create_token, server_run_dir
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 
 TOKEN = "tml-arctic-test-key"
 

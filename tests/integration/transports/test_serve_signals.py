@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 
 from arctic_platform.rl.cli import main
 from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.server.jobs import free_port
+from arctic_platform.rl.testing import free_port
 from arctic_rl_dss.backend import DssConfigError, DssPlatformBackend, settings_from_env
 
 

@@ -14,9 +14,10 @@ import pytest
 
 from arctic_platform.rl import wire
 from arctic_platform.rl.errors import CheckpointNotFoundError, InvalidRequestError, JobStateError
+from arctic_platform.rl.server.checkpoints import record_checkpoint
 from arctic_platform.rl.server.job_table import load_table
 from arctic_platform.rl.server.jobs import Job, JobManager, JobState
-from arctic_platform.rl.server.rl_server import RLServer, _record_checkpoint
+from arctic_platform.rl.server.rl_server import RLServer
 from arctic_rl_engines import ds_checkpoint
 from arctic_rl_engines.ds_model import CHECKPOINT_MARKER
 
@@ -99,10 +100,10 @@ def test_a_resumed_job_corrects_the_step_of_the_checkpoint_it_was_restored_from(
 
 def test_saving_a_tag_again_replaces_the_older_steps_entry():
     job = Job(1, "training", "deepspeed", {}, 1)
-    assert _record_checkpoint(job, 5, "/c/latest") is True
-    assert _record_checkpoint(job, 5, "/c/latest") is False
-    _record_checkpoint(job, 7, "/c/global_step7")
-    assert _record_checkpoint(job, 9, "/c/latest") is True
+    assert record_checkpoint(job, 5, "/c/latest") is True
+    assert record_checkpoint(job, 5, "/c/latest") is False
+    record_checkpoint(job, 7, "/c/global_step7")
+    assert record_checkpoint(job, 9, "/c/latest") is True
     assert job.checkpoints == {7: "/c/global_step7", 9: "/c/latest"}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from arctic_platform.rl.server.jobs import Job
+    from arctic_platform.rl.server.job_state import Job
 
 
 def dead_nodes() -> dict[str, dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from arctic_platform.rl.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from arctic_platform.rl.server.jobs import Job
+    from arctic_platform.rl.server.job_state import Job
 
 COLOCATED_GPU_FRACTION = 0.3  # three roles share one bundle
 

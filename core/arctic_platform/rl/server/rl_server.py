@@ -8,7 +8,6 @@ plain data (dicts, lists, numbers).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import defaultdict
@@ -26,13 +25,22 @@ from arctic_platform.rl.errors import (
     JobStateError,
 )
 from arctic_platform.rl.operations import BY_NAME
-from arctic_platform.rl.server.job_table import (
+from arctic_platform.rl.server.checkpoints import (
+    check_checkpoint_path,
+    checkpoint_root,
+    confine,
+    forget_checkpoint,
+    load_target,
+    record_checkpoint,
+)
+from arctic_platform.rl.server.job_state import Job, JobState
+from arctic_platform.rl.server.jobs import JobManager
+from arctic_platform.rl.server.ledger import (
     ledger_entry,
     remember_request,
     replay_request,
     roll_back_requests,
 )
-from arctic_platform.rl.server.jobs import Job, JobManager, JobState
 from arctic_platform.rl.server.weight_sync_ops import WeightSyncOps
 from arctic_platform.rl.wire import describe_errors
 
@@ -50,42 +58,6 @@ def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
-
-
-def _check_checkpoint_path(config: dict[str, Any]) -> None:
-    """Make ``checkpoint_path`` absolute; 422 naming it when it is a file or cannot be written
-    (a missing one is fine when its nearest existing parent is a writable directory)."""
-    value = config.get("checkpoint_path")
-    if not value or not isinstance(value, str):
-        return
-    path = Path(value).expanduser().resolve()
-    if path.exists() and not path.is_dir():
-        raise InvalidRequestError(
-            f"checkpoint_path={value!r} is a file; it must be a directory: the run's checkpoint "
-            "root (missing or empty: training starts from model_name and saves there)"
-        )
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise InvalidRequestError(
-            f"checkpoint_path={value!r} cannot be written ({existing} is not a writable "
-            "directory); give a directory the server can create and write"
-        )
-    config["checkpoint_path"] = str(path)  # the workers' working directory is not ours
-
-
-def _record_checkpoint(job: Job, step: int, path: str) -> bool:
-    """Note that ``path`` holds ``job``'s checkpoint of ``step``; returns whether that is news.
-
-    A path holds one checkpoint: saving the same tag again replaces the older step's entry.
-    """
-    stale = [s for s, p in job.checkpoints.items() if p == path and s != step]
-    for old in stale:
-        del job.checkpoints[old]
-    news = bool(stale) or job.checkpoints.get(step) != path
-    job.checkpoints[step] = path
-    return news
 
 
 class RLServer:
@@ -248,7 +220,7 @@ class RLServer:
             ignored = sorted(set(extra) - known)
             if ignored:
                 logger.debug("training_config: ignoring extra fields %s", ignored)
-        _check_checkpoint_path(request.config)
+        check_checkpoint_path(request.config)
         job = self.jobs.create(request.job_type, request.config)
         return {"job_id": job.job_id, "state": job.state.value}
 
@@ -313,7 +285,7 @@ class RLServer:
         changed = roll_back_requests(job.request_ids, job.global_step) > 0
         restored_from = job.launch_overrides.get("checkpoint_path")
         if restored_from:
-            changed = _record_checkpoint(job, job.global_step, str(restored_from)) or changed
+            changed = record_checkpoint(job, job.global_step, str(restored_from)) or changed
         if changed:
             job.changed()
 
@@ -398,29 +370,11 @@ class RLServer:
             return result
 
     def checkpoint_root(self, job: Job) -> Path:
-        """Where a training job's checkpoints live; request paths are confined to it.
-
-        The config's ``checkpoint_path`` (the run's checkpoint root), else the run dir's
-        ``checkpoints/job_<id>``."""
-        given = job.config.get("checkpoint_path")
-        if given:
-            root = Path(str(given)).expanduser().resolve()
-        else:
-            root = self.run_dir / "checkpoints" / f"job_{job.job_id}"
-        root.mkdir(parents=True, exist_ok=True)
-        return root
+        """Where a training job's checkpoints live (``checkpoints.checkpoint_root``)."""
+        return checkpoint_root(self.run_dir, job)
 
     def _confined(self, job: Job, path: str) -> Path:
-        root = self.checkpoint_root(job).resolve()
-        candidate = Path(path)
-        if not candidate.is_absolute():
-            candidate = root / candidate
-        resolved = candidate.resolve()
-        if resolved != root and root not in resolved.parents:
-            raise InvalidRequestError(
-                f"checkpoint path {path!r} is outside the job's checkpoint root {root}"
-            )
-        return resolved
+        return confine(self.checkpoint_root(job), path)
 
     def save_checkpoint(self, request: wire.SaveCheckpointRequest) -> dict[str, Any]:
         """Save full training state on every rank; returns the checkpoint path and step."""
@@ -432,7 +386,7 @@ class RLServer:
             self._settle(job)
             paths = self._all_ranks(job, "save_checkpoint", str(root), request.tag)
             step = self.jobs.call(job, [job.workers[0].global_step.remote()], "save_checkpoint")[0]
-            _record_checkpoint(job, int(step), str(paths[0]))
+            record_checkpoint(job, int(step), str(paths[0]))
             job.latest_checkpoint = str(paths[0])
             job.global_step = int(step)
             job.changed()
@@ -449,30 +403,18 @@ class RLServer:
             self._settle(job)  # a restart's restore first: it may correct the saved steps
             if explicit is not None:
                 target = explicit
-            elif request.step is not None:
-                known = job.checkpoints.get(request.step)
-                if known is None:
-                    raise InvalidRequestError(
-                        f"job {job.job_id} has no checkpoint at step {request.step}; saved "
-                        f"steps: {sorted(job.checkpoints)}"
-                    )
-                target = Path(known)
-            elif job.latest_checkpoint is not None:
-                target = Path(job.latest_checkpoint)
-            elif job.config.get("checkpoint_path"):  # resumed from it: the engine finds the newest
-                target = self.checkpoint_root(job)
             else:
-                raise InvalidRequestError(f"job {job.job_id} has no checkpoint yet")
+                target = load_target(self.run_dir, job, request.step)
             try:
                 steps = self._all_ranks(job, "load_checkpoint", str(target))
             except CheckpointNotFoundError as exc:
                 if explicit is not None:
                     raise
-                raise self._forget_checkpoint(job, target, request.step, exc) from None
+                raise forget_checkpoint(job, target, request.step, exc) from None
             restored = int(steps[0])
             job.global_step = restored
             if explicit is None:  # a recorded checkpoint: keep what the engine found there
-                _record_checkpoint(job, restored, str(target))
+                record_checkpoint(job, restored, str(target))
             roll_back_requests(job.request_ids, restored)
             job.changed()
             if request.step is not None and explicit is None and restored != request.step:
@@ -482,26 +424,6 @@ class RLServer:
                     f"complete copy and job {job.job_id} is at step {restored} now"
                 )
             return {"global_step": restored, "path": str(target)}
-
-    @staticmethod
-    def _forget_checkpoint(
-        job: Job, target: Path, step: int | None, cause: CheckpointNotFoundError
-    ) -> CheckpointNotFoundError:
-        """Drop the catalog entries of ``target``, which the engine no longer finds (deleted),
-        and the error naming the steps still saved; call under ``job.lock``."""
-        gone = [s for s, p in job.checkpoints.items() if p == str(target)]
-        for old in gone:
-            del job.checkpoints[old]
-        if job.latest_checkpoint == str(target):
-            newest = max(job.checkpoints, default=None)
-            job.latest_checkpoint = None if newest is None else job.checkpoints[newest]
-        if gone:
-            job.changed()
-        which = f"at step {step}" if step is not None else f"at {target} (its latest)"
-        return CheckpointNotFoundError(
-            f"job {job.job_id} has no checkpoint {which} any more ({cause}); saved steps: "
-            f"{sorted(job.checkpoints)}"
-        )
 
     def empty_training_cache(self, request: wire.JobRequest) -> dict[str, Any]:
         """Release cached allocator memory on the training ranks."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from arctic_platform.rl.server.jobs import Job
+    from arctic_platform.rl.server.job_state import Job
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def start_workers(
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from arctic_platform.rl.server.jobs import JobState
+    from arctic_platform.rl.server.job_state import JobState
     from arctic_platform.rl.server.worker import EngineWorker
 
     timeout = float(job.config.get("job_ready_timeout", 600.0))

@@ -1,0 +1,183 @@
+"""The live job record: ``JobState`` (its lifecycle) and ``Job`` (config, state, workers).
+
+``jobs.JobManager`` and the modules it uses (placement, worker launch, failure diagnosis)
+all read this record; it imports nothing of the manager, so they never import ``jobs``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from arctic_platform.rl.server.job_table import JobRecord, RequestIdRecord
+
+logger = logging.getLogger(__name__)
+
+
+class JobState(StrEnum):
+    """Lifecycle state of a job."""
+
+    PENDING = "pending"
+    PLACING = "placing"
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TERMINATED = "terminated"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.FAILED, JobState.CANCELLED, JobState.TERMINATED)
+
+
+@dataclass
+class Job:
+    """One job: its config, state and workers."""
+
+    job_id: int
+    job_type: str
+    engine: str
+    config: dict[str, Any]
+    num_gpus: int
+    state: JobState = JobState.PENDING
+    reason: str | None = None
+    workers: list[Any] = field(default_factory=list)
+    placement_group: Any = None
+    owns_placement_group: bool = True
+    weight_version: int = 0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    latest_checkpoint: str | None = None
+    checkpoints: dict[int, str] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    cancel_requested: bool = False
+    worker_pids: list[int] = field(default_factory=list)
+    global_step: int = 0
+    weights_from: str | None = None
+    synced_from: int | None = None
+    restarts: int = 0
+    request_ids: list[RequestIdRecord] = field(default_factory=list, repr=False)
+    launch_overrides: dict[str, Any] = field(default_factory=dict, repr=False)
+    listener: Callable[[Job], None] | None = field(default=None, repr=False)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Per worker (rank or replica order): its node's address and Ray node id."""
+
+    def node_of(self, index: int) -> str:
+        """The address of worker ``index``'s node, or ``unknown``."""
+        if 0 <= index < len(self.nodes):
+            return str(self.nodes[index].get("address", "unknown"))
+        return "unknown"
+
+    def node_names(self) -> str:
+        """The addresses of this job's worker nodes, for messages."""
+        return ", ".join(sorted({str(n.get("address")) for n in self.nodes})) or "unknown"
+
+    def set_state(self, state: JobState, reason: str | None = None) -> None:
+        """Move to ``state`` (terminal states are final) and record it in the job table."""
+        if self.state.terminal:
+            return
+        self.state = state
+        self.updated_at = time.time()
+        if reason is not None:
+            self.reason = reason
+        self.changed()
+        logger.info(
+            "job %d (%s): %s%s",
+            self.job_id,
+            self.job_type,
+            state.value,
+            f" ({reason.splitlines()[0]})" if reason else "",
+        )
+
+    def changed(self) -> None:
+        """Tell the job table that this job changed."""
+        if self.listener is not None:
+            self.listener(self)
+
+    def record(self) -> JobRecord:
+        """This job as the durable job table stores it."""
+        return JobRecord(
+            job_id=self.job_id,
+            job_type=self.job_type,
+            engine=self.engine,
+            config=self.config,
+            num_gpus=self.num_gpus,
+            state=self.state.value,
+            reason=self.reason,
+            latest_checkpoint=self.latest_checkpoint,
+            checkpoints=dict(self.checkpoints),
+            weight_version=self.weight_version,
+            weights_from=self.weights_from,
+            synced_from=self.synced_from,
+            global_step=self.global_step,
+            restarts=self.restarts,
+            request_ids=[r.model_copy() for r in list(self.request_ids)],
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+        )
+
+    @classmethod
+    def from_record(cls, record: JobRecord) -> Job:
+        """A job object for ``record`` (no workers yet)."""
+        return cls(
+            record.job_id,
+            record.job_type,
+            record.engine,
+            dict(record.config),
+            record.num_gpus,
+            state=JobState(record.state),
+            reason=record.reason,
+            weight_version=record.weight_version,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            latest_checkpoint=record.latest_checkpoint,
+            checkpoints=dict(record.checkpoints),
+            global_step=record.global_step,
+            weights_from=record.weights_from,
+            synced_from=record.synced_from,
+            restarts=record.restarts,
+            request_ids=[r.model_copy() for r in record.request_ids],
+        )
+
+    def saved_checkpoints(self) -> list[dict[str, Any]]:
+        """The checkpoint catalog, ``[{"step", "path"}]`` by step, of the entries whose
+        directory exists: one deleted outside the server is not listed (nor one whose
+        replacement was cut short, leaving only a hidden copy; it still loads by step)."""
+        return [
+            {"step": step, "path": path}
+            for step, path in sorted(self.checkpoints.items())
+            if Path(path).is_dir()
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        """The public view of this job (no tokens, no worker handles)."""
+        return {
+            "job_id": self.job_id,
+            "job_type": self.job_type,
+            "engine": self.engine,
+            "state": self.state.value,
+            "reason": self.reason,
+            "num_gpus": self.num_gpus,
+            "workers": len(self.workers),
+            "worker_pids": list(self.worker_pids),
+            "worker_nodes": [dict(n) for n in self.nodes],
+            "weight_version": self.weight_version,
+            "weights_from": self.weights_from,
+            "global_step": self.global_step,
+            "restarts": self.restarts,
+            "model_name": self.config.get("model_name"),
+            "colocate": bool(self.config.get("colocate")),
+            "latest_checkpoint": self.latest_checkpoint,
+            "checkpoints": self.saved_checkpoints(),
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+__all__ = ["Job", "JobState"]
