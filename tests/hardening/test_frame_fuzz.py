@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, encode_frame
+from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE, encode_frame
 
 pytestmark = pytest.mark.slow
 

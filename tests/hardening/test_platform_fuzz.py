@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from platform_server import ALICE, BOB, LivePlatform
 
-from arctic_platform.rl.protocol import encode_frame
+from arctic_platform.rl.wire.frames import encode_frame
 from arctic_rl_dss.chunks import encode_chunks
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from platform_server import ALICE, BOB, LivePlatform
 
-from arctic_platform.rl.protocol import decode_frame, encode_frame
+from arctic_platform.rl.wire.frames import decode_frame, encode_frame
 from arctic_rl_dss.app import DEFAULT_MAX_BODY_BYTES
 from arctic_rl_dss.chunks import encode_chunks
 

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE
+from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE
 
 pytestmark = pytest.mark.slow
 

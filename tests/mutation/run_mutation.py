@@ -44,7 +44,9 @@ MODULES: dict[str, Module] = {
     "config": Module("arctic_platform/rl/config.py", ("tests/unit/test_config.py",)),
     "losses": Module("arctic_platform/rl/losses.py", ("tests/unit/test_losses.py",)),
     # a table and no function body: mutmut 3 mutates inside functions only, so none
-    "operations": Module("arctic_platform/rl/operations.py", ("tests/unit/test_http_wire.py",)),
+    "operations": Module(
+        "arctic_platform/rl/wire/operations.py", ("tests/unit/test_http_wire.py",)
+    ),
     "job_table": Module("arctic_platform/rl/server/job_table.py", ("tests/unit/server",)),
     "job_log": Module("arctic_platform/rl/server/job_log.py", ("tests/unit/server",)),
     "schedule": Module(
@@ -61,8 +63,8 @@ MODULES: dict[str, Module] = {
     "registry": Module(
         "arctic_platform/rl/plugins/registry.py", ("tests/unit/test_plugin_manager.py",)
     ),
-    # last: another change to protocol.py may land while the others run
-    "protocol": Module("arctic_platform/rl/protocol.py", ("tests/unit/test_protocol.py",)),
+    # last: another change to wire/frames.py may land while the others run
+    "protocol": Module("arctic_platform/rl/wire/frames.py", ("tests/unit/test_protocol.py",)),
 }
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from arctic_platform.rl.batch import Batch, BatchError, BatchLimits
-from arctic_platform.rl.protocol import decode_frame, encode_frame
 from arctic_platform.rl.wire import FwdBwdRequest
+from arctic_platform.rl.wire.frames import decode_frame, encode_frame
 
 ROWS = {
     "input_ids": [[11, 12, 13, 14], [21, 22], [31, 32, 33]],

@@ -10,9 +10,9 @@ import pytest
 
 from arctic_platform.rl.api import http_common
 from arctic_platform.rl.errors import ServerError, TransportError
-from arctic_platform.rl.operations import BY_NAME, OPERATIONS
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame
 from arctic_platform.rl.server.rl_server import RLServer
+from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE, decode_frame
+from arctic_platform.rl.wire.operations import BY_NAME, OPERATIONS
 from arctic_rl_http.app import build_app
 from arctic_rl_http.client import HttpTransport, _retryable
 

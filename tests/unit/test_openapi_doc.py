@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from arctic_platform.rl.operations import OPERATIONS
+from arctic_platform.rl.wire.operations import OPERATIONS
 from arctic_rl_http.openapi import openapi_document
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"

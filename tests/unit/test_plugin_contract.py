@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from arctic_platform.rl import api
-from arctic_platform.rl.operations import OPERATIONS
 from arctic_platform.rl.plugins import get_registry
+from arctic_platform.rl.wire.operations import OPERATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "core" / "arctic_platform"

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from arctic_platform.rl.protocol import (
+from arctic_platform.rl.batch import BatchError
+from arctic_platform.rl.wire.frames import (
     MAX_NESTING,
-    BatchError,
     FrameError,
     decode_frame,
     encode_frame,

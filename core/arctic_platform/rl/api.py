@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from arctic_platform.rl import __version__, http_common
-from arctic_platform.rl.batch import Batch, BatchLimits
+from arctic_platform.rl.batch import PER_TOKEN_FIELDS, Batch, BatchError, BatchLimits
 from arctic_platform.rl.config import (
     ArcticRLClientConfig,
     MicroBatchSpec,
@@ -63,7 +63,6 @@ from arctic_platform.rl.interfaces import (
 from arctic_platform.rl.lazy_names import lazy_names
 from arctic_platform.rl.losses import LossOutput, aggregate
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
-from arctic_platform.rl.operations import BY_NAME, OPERATIONS, Operation
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
     BackendSpec,
@@ -74,15 +73,6 @@ from arctic_platform.rl.plugins import (
     hookimpl,
     not_implemented_yet,
 )
-from arctic_platform.rl.protocol import (
-    FRAME_CONTENT_TYPE,
-    PER_TOKEN_FIELDS,
-    BatchError,
-    FrameError,
-    decode_frame,
-    encode_frame,
-    validate_batch,
-)
 from arctic_platform.rl.run_dirs import (
     arctic_home,
     read_or_create_token,
@@ -91,7 +81,11 @@ from arctic_platform.rl.run_dirs import (
 )
 from arctic_platform.rl.weight_sync.strategy import check_strategy
 from arctic_platform.rl.wire import (
+    BY_NAME,
+    FRAME_CONTENT_TYPE,
+    OPERATIONS,
     EmptyRequest,
+    FrameError,
     FwdBwdRequest,
     FwdNoGradRequest,
     GenerateRequest,
@@ -99,12 +93,16 @@ from arctic_platform.rl.wire import (
     JobRequest,
     LoadCheckpointRequest,
     LogProbsRequest,
+    Operation,
     SaveCheckpointRequest,
     SleepRequest,
     StepRequest,
     SyncWeightsRequest,
     WeightNormRequest,
+    decode_frame,
     describe_errors,
+    encode_frame,
+    validate_batch,
 )
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -27,9 +27,9 @@ import pytest
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, ServerError
-from arctic_platform.rl.protocol import encode_frame
 from arctic_platform.rl.server.job_table import load_table
 from arctic_platform.rl.testing import free_port
+from arctic_platform.rl.wire.frames import encode_frame
 from arctic_rl_dss.chunks import encode_chunks
 from arctic_rl_dss.transport import DssTransport, PollSettings
 

@@ -23,7 +23,7 @@ from test_deepspeed_training import (
     weights,
 )
 
-from arctic_platform.rl.protocol import BatchError
+from arctic_platform.rl.batch import BatchError
 
 pytestmark = pytest.mark.slow
 

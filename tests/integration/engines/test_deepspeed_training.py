@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("deepspeed")
 torch = pytest.importorskip("torch")
 
+from arctic_platform.rl.batch import BatchError  # noqa: E402
 from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig  # noqa: E402
 from arctic_platform.rl.errors import (  # noqa: E402
     CheckpointError,
@@ -22,7 +23,6 @@ from arctic_platform.rl.errors import (  # noqa: E402
 )
 from arctic_platform.rl.interfaces import EngineContext  # noqa: E402
 from arctic_platform.rl.plugins import get_registry  # noqa: E402
-from arctic_platform.rl.protocol import BatchError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,11 @@ import pytest
 
 from arctic_platform.rl.errors import ArcticRLError, ServerError, TransportError
 from arctic_platform.rl.network import is_loopback, primary_ipv4
-from arctic_platform.rl.operations import OPERATIONS
 from arctic_platform.rl.plugins import get_registry
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame, encode_frame
 from arctic_platform.rl.server.rl_server import RLServer
 from arctic_platform.rl.testing import free_port
+from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE, decode_frame, encode_frame
+from arctic_platform.rl.wire.operations import OPERATIONS
 from arctic_rl_http.client import HttpTransport
 from arctic_rl_http.serve import serve
 

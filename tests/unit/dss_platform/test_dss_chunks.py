@@ -81,7 +81,7 @@ def test_groups_of_different_users_or_jobs_do_not_mix():
 
 
 def test_a_frame_whose_whole_hash_does_not_match_is_refused():
-    from arctic_platform.rl.protocol import decode_frame, encode_frame
+    from arctic_platform.rl.wire.frames import decode_frame, encode_frame
 
     chunk = encode_chunks(FRAME, "forward-backward", "g1")[0]
     payload = decode_frame(chunk, as_lists=False)
@@ -92,7 +92,7 @@ def test_a_frame_whose_whole_hash_does_not_match_is_refused():
 
 
 def test_a_body_that_is_not_a_chunk_envelope_is_a_clear_error():
-    from arctic_platform.rl.protocol import FrameError, encode_frame
+    from arctic_platform.rl.wire.frames import FrameError, encode_frame
 
     with pytest.raises(ChunkError, match="not a chunk"):
         decode_chunk(encode_frame({"batch": {}}))

@@ -17,8 +17,8 @@ import pytest
 from arctic_platform.rl.api import CheckpointNotFoundError as EngineCheckpointNotFound
 from arctic_platform.rl.api import RLServer
 from arctic_platform.rl.errors import ArcticRLError
-from arctic_platform.rl.protocol import encode_frame
 from arctic_platform.rl.server.jobs import Job, JobState
+from arctic_platform.rl.wire.frames import encode_frame
 from arctic_rl_dss.chunks import encode_chunks
 from arctic_rl_dss.errors import CheckpointNotFoundError, RolledBackRequestError
 from arctic_rl_dss.models import LoadBody, SaveBody, StepBody

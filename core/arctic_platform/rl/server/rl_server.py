@@ -24,7 +24,6 @@ from arctic_platform.rl.errors import (
     InvalidRequestError,
     JobStateError,
 )
-from arctic_platform.rl.operations import BY_NAME
 from arctic_platform.rl.server.checkpoints import (
     check_checkpoint_path,
     checkpoint_root,
@@ -43,6 +42,7 @@ from arctic_platform.rl.server.ledger import (
 )
 from arctic_platform.rl.server.weight_sync_ops import WeightSyncOps
 from arctic_platform.rl.wire import describe_errors
+from arctic_platform.rl.wire.operations import BY_NAME
 
 logger = logging.getLogger(__name__)
 

@@ -203,3 +203,28 @@ class SleepRequest(JobRequest):
 
 class EmptyRequest(_Request):
     """An operation that takes no arguments."""
+
+
+__all__ = [
+    "CHECKPOINT_TAG_PATTERN",
+    "JOB_TYPES",
+    "MAX_JOB_IDS",
+    "BatchField",
+    "EmptyRequest",
+    "FwdBwdRequest",
+    "FwdNoGradRequest",
+    "GenerateRequest",
+    "GetJobRequest",
+    "InitializeRequest",
+    "JobId",
+    "JobRequest",
+    "JobType",
+    "LoadCheckpointRequest",
+    "LogProbsRequest",
+    "SaveCheckpointRequest",
+    "SleepRequest",
+    "StepRequest",
+    "SyncWeightsRequest",
+    "WeightNormRequest",
+    "describe_errors",
+]
