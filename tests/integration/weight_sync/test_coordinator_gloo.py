@@ -90,7 +90,8 @@ def _receiver(replica, tp_rank, cfg, version, results, mode="normal", shm=False,
     try:
         import torch
 
-        from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator, llama_tp_shard
+        from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
+        from arctic_platform.rl.weight_sync.sharding import llama_tp_shard
 
         torch.set_num_threads(1)
         coord = WeightSyncCoordinator(WeightSyncConfig(**cfg), timeout=TIMEOUT, shared_memory=shm)

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,13 +40,13 @@ from arctic_platform.rl.weight_sync.buffers import BufferCache
 from arctic_platform.rl.weight_sync.channels import ChannelCache, PairChannel
 from arctic_platform.rl.weight_sync.pair_auth import PairAuth, StrayPeerError
 from arctic_platform.rl.weight_sync.schedule import Transfer, TransferSchedule
+from arctic_platform.rl.weight_sync.sharding import ShardFn
+from arctic_platform.rl.weight_sync.sharding import llama_tp_shard as llama_tp_shard  # old home
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 logger = logging.getLogger(__name__)
-
-ShardFn = Callable[[str, "torch.Tensor", int, int], "torch.Tensor"]
 
 
 @dataclass
@@ -75,28 +75,6 @@ class SyncReport:
             "targets": [list(t) for t in self.targets],
             "reused": self.reused,
         }
-
-
-def llama_tp_shard(name: str, tensor: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """The shard a tensor-parallel worker holds of a Llama/Qwen2-style checkpoint tensor:
-    column-parallel (q/k/v/gate/up, embeddings, lm_head) split dim 0, row-parallel (o/down)
-    split dim 1, everything else (norms, biases of row-parallel layers) whole."""
-    if tp_size == 1:
-        return tensor
-    column = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
-    row = ("o_proj", "down_proj")
-    if any(f"{part}." in name or name.endswith(part) for part in column):
-        dim = 0
-    elif any(f"{part}.weight" in name for part in row):
-        dim = 1
-    else:
-        return tensor
-    if tensor.shape[dim] % tp_size:
-        raise WeightSyncError(
-            f"parameter {name!r} of shape {list(tensor.shape)} does not split into {tp_size} "
-            f"shards along dim {dim}"
-        )
-    return tensor.chunk(tp_size, dim=dim)[tp_rank].contiguous()
 
 
 def _timedelta(seconds: float) -> datetime.timedelta:
