@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_platform.rl.errors import InvalidRequestError
+from arctic_platform.rl.errors import BatchError
 
 BATCH_FIELDS = (
     "input_ids",
@@ -38,10 +38,6 @@ TOKEN_FIELDS = ("input_ids", "target_tokens")
 FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs")
 """Float fields as stored (``advantages`` always per token, expanded from per sequence)."""
 _ACCEPTED = (*BATCH_FIELDS, "attention_mask")
-
-
-class BatchError(InvalidRequestError):
-    """A training batch with missing fields, ragged shapes that disagree, or bad values."""
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from arctic_platform.rl.errors import JobLogError
+
 LOG_FILE = "job_table.log"
 COMPACT_AFTER_BYTES = 1 << 20
 """A log past this size is folded into a fresh snapshot (and emptied) at the next change."""
-
-
-class JobLogError(ValueError):
-    """A complete line of the log that is not a change this module wrote."""
 
 
 def log_path(run_dir: Path) -> Path:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.errors import JobTableError
 from arctic_platform.rl.server import job_log
 from arctic_platform.rl.server.ledger import (  # the ledger's old home: names kept
     REQUEST_IDS_KEPT,
@@ -34,10 +34,6 @@ FORMAT_VERSION: Literal[1] = 1
 _SECRET_KEYS = frozenset(
     {"token", "auth_token", "access_token", "api_token", "api_key", "secret", "password", "pat"}
 )
-
-
-class JobTableError(ArcticRLError):
-    """The job table file is missing, unreadable or not a job table."""
 
 
 class JobRecord(BaseModel):

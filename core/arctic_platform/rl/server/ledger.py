@@ -10,16 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from arctic_platform.rl.errors import JobStateError
+from arctic_platform.rl.errors import RolledBackError
 
 REQUEST_IDS_KEPT = 128
 """How many fwd_bwd/step request ids (with their results) the table keeps per job."""
-
-
-class RolledBackError(JobStateError):
-    """A retried request id whose effect was undone when the job went back to a checkpoint."""
-
-    code = "rolled_back"
 
 
 class RequestIdRecord(BaseModel):

@@ -12,24 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.errors import WeightMismatchError, WeightSyncError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-
-class WeightSyncError(ArcticRLError):
-    """A weight sync that failed; the receiver kept its previous weights."""
-
-    status = 502
-    code = "weight_sync_failed"
-
-
-class WeightMismatchError(WeightSyncError):
-    """The sender's weights do not match what the receiver expects (name, shape or dtype)."""
-
-    status = 422
-    code = "weight_mismatch"
 
 
 @dataclass(frozen=True)

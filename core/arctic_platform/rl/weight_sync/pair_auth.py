@@ -15,16 +15,12 @@ import hashlib
 import hmac
 import secrets
 
-from arctic_platform.rl.weight_sync.buckets import WeightSyncError
+from arctic_platform.rl.errors import StrayPeerError
 
 
 def new_secret() -> str:
     """A fresh random secret for one trainer's pairs (256 bits, hex)."""
     return secrets.token_hex(32)
-
-
-class StrayPeerError(WeightSyncError):
-    """A message on a pair's store did not carry the sync's secret: not our peer."""
 
 
 class PairAuth:

@@ -12,17 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from arctic_platform.rl.errors import ArcticRLError
+from arctic_platform.rl.errors import TopologyError
 
 Sharding = Literal["dp", "fsdp"]
 MAX_PORT = 65535
-
-
-class TopologyError(ArcticRLError, ValueError):
-    """A weight-sync topology that cannot be scheduled."""
-
-    status = 422
-    code = "bad_topology"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from arctic_platform.rl.batch import Batch, BatchLimits
-from arctic_platform.rl.errors import InvalidRequestError
+from arctic_platform.rl.errors import FrameError
 
 FRAME_CONTENT_TYPE = "application/octet-stream"
 _SKELETON_KEY = "arctic_rl.skeleton"
@@ -23,10 +23,6 @@ _RAGGED = "__ragged__"
 
 MAX_NESTING = 64
 """Deepest nesting a frame's skeleton may have; real payloads need a handful of levels."""
-
-
-class FrameError(InvalidRequestError):
-    """A frame that cannot be decoded (corrupt, oversized or of an unknown layout)."""
 
 
 def _is_ragged_numeric(value: Any) -> bool:
