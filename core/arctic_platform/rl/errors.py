@@ -14,7 +14,7 @@ from typing import ClassVar
 
 
 class ArcticRLError(Exception):
-    """An internal failure (the base of every Arctic RL error; raised itself: the server's fault)."""
+    """An internal failure: the server's fault (also the base of every Arctic RL error)."""
 
     status: int = 500
     code: str = "internal_error"
