@@ -25,6 +25,7 @@ class DssConfigError(ArcticRLError):
 
     status = 422
     code = "dss_config"
+    remedy = "Set the token (ARCTIC_RL_PAT) and the server address, or fix the setting named."
 
 
 def read_token() -> str:

@@ -29,6 +29,7 @@ class ChunkError(InvalidRequestError):
     """A chunk that is corrupt (hash mismatch) or not a chunk envelope."""
 
     code = "invalid_chunk"
+    remedy = "Send the chunk again as the client library builds it."
 
 
 class ChunkConflictError(ArcticRLError):
@@ -36,6 +37,7 @@ class ChunkConflictError(ArcticRLError):
 
     status = 409
     code = "chunk_group_conflict"
+    remedy = "Start the upload again under a new chunk group id."
 
 
 class RestartRequiredError(ArcticRLError):
@@ -43,6 +45,7 @@ class RestartRequiredError(ArcticRLError):
 
     status = 409
     code = "chunk_group_restart_required"
+    remedy = "Send the group again from chunk 0."
 
 
 class ChunkLimitError(ArcticRLError):
@@ -50,6 +53,7 @@ class ChunkLimitError(ArcticRLError):
 
     status = 429
     code = "too_many_pending_chunks"
+    remedy = "Finish or abandon your unfinished uploads, then retry."
 
 
 class ChunkHeader(BaseModel):

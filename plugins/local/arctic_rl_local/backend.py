@@ -24,6 +24,7 @@ from arctic_platform.rl.api import (
     ArcticRLError,
     Backend,
     ClientTransport,
+    ServeError,
     ServerError,
     get_registry,
     read_or_create_token,
@@ -34,8 +35,10 @@ from arctic_platform.rl.api import (
 logger = logging.getLogger(__name__)
 
 
-class ServerStartError(ArcticRLError):
+class ServerStartError(ServeError):
     """The local server did not become healthy."""
+
+    remedy = "Read the server log tail in the message; fix what it names and start again."
 
 
 def _tail(path: Path, lines: int = 40) -> str:

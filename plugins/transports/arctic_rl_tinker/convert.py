@@ -22,6 +22,8 @@ KNOWN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
 class TinkerInputError(InvalidRequestError):
     """A Tinker request body that cannot be mapped onto our operations."""
 
+    remedy = "Use only the loss functions and inputs this server maps (the message lists them)."
+
 
 def _pb() -> Any:
     from tinker.proto import tinker_public_pb2
