@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.servers import start_server, stop_server
+from bench.timing import Laps, Paired, Side, cpu_counter, paired
 
 TOKEN = "tml-bench-key"
 PHASES = ("sample", "build", "fwd_bwd", "optim", "sync")
@@ -31,50 +31,22 @@ PHASES = ("sample", "build", "fwd_bwd", "optim", "sync")
 ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
 
 
-def _start_tinker_server(model: str, home: Path) -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
+def _start_tinker_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
     from arctic_platform.rl.testing import free_port
 
     port = free_port()
     (home / "token").write_text(TOKEN)
-    log = (home / "server.log").open("ab")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "arctic_platform.rl.cli",
-            "serve",
-            "--transport",
-            "tinker",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--token-file",
-            str(home / "token"),
-            "--run-dir",
-            str(home / "run"),
-            "--num-gpus",
-            "1",
-            "--no-ray-auto-attach",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    args = ["serve", "--transport", "tinker", "--host", "127.0.0.1", "--port", str(port)]
+    args += ["--token-file", str(home / "token"), "--run-dir", str(home / "run")]
+    args += ["--num-gpus", "1", "--no-ray-auto-attach"]
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(
+        args,
+        health_url=f"{url}/api/v1/healthz",
+        log=home / "server.log",
         env={**os.environ, "ARCTIC_RL_HOME": str(home)},
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the tinker server exited; see {home / 'server.log'}")
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the tinker server did not come up in 600 s")
+    return process, url
 
 
 def _rows(prompt: list[int], tokens: list[int], logprobs: list[float], adv: float) -> dict:
@@ -101,17 +73,18 @@ def _advantages(groups: list[list[list[int]]]) -> list[list[float]]:
 
 
 def _tinker_step(
-    training: Any, sampler: Any, prompts: list[list[int]], params: Any, phases: dict[str, float]
-) -> Any:
+    training: Any, sampler: Any, prompts: list[list[int]], params: Any
+) -> tuple[Any, dict[str, float]]:
+    """One step through the tinker SDK: the next sampler and the seconds of each part."""
     import tinker
 
-    t0 = time.perf_counter()
+    laps = Laps()
     futures = [
         sampler.sample(tinker.ModelInput.from_ints(p), params["group"], params["sp"])
         for p in prompts
     ]
     results = [f.result() for f in futures]
-    t1 = time.perf_counter()
+    laps.mark("sample")
     groups = [[list(s.tokens) for s in r.sequences] for r in results]
     advs = _advantages(groups)
     data = []
@@ -134,24 +107,21 @@ def _tinker_step(
                     },
                 )
             )
-    t2 = time.perf_counter()
+    laps.mark("build")
     fwd = training.forward_backward(data, "importance_sampling")
     opt = training.optim_step(tinker.AdamParams(**ADAM))
     fwd.result()
-    t3 = time.perf_counter()
+    laps.mark("fwd_bwd")
     opt.result()
-    t4 = time.perf_counter()
+    laps.mark("optim")
     sampler = training.save_weights_and_get_sampling_client().result()
-    t5 = time.perf_counter()
-    for name, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-        phases[name] = seconds
-    return sampler
+    laps.mark("sync")
+    return sampler, laps.seconds
 
 
-def _arctic_step(
-    client: Any, prompts: list[list[int]], params: Any, phases: dict[str, float]
-) -> None:
-    t0 = time.perf_counter()
+def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> dict[str, float]:
+    """The same step through ArcticRLClient: the seconds of each part."""
+    laps = Laps()
     outputs = client.generate(
         prompts,
         {
@@ -160,7 +130,7 @@ def _arctic_step(
             "temperature": 1.0,
         },
     )["outputs"]
-    t1 = time.perf_counter()
+    laps.mark("sample")
     groups = [[c["token_ids"] for c in out["completions"]] for out in outputs]
     advs = _advantages(groups)
     batch: dict[str, list[list[Any]]] = {
@@ -178,9 +148,9 @@ def _arctic_step(
             batch["old_log_probs"].append([0.0, *r["logprobs"]])
             batch["advantages"].append([0.0, *r["advantages"]])
             batch["loss_mask"].append([0.0] + [1.0] * r["n"])
-    t2 = time.perf_counter()
+    laps.mark("build")
     client.fwd_bwd(batch, "tinker.importance_sampling", return_log_probs=True)
-    t3 = time.perf_counter()
+    laps.mark("fwd_bwd")
     client.step(
         ADAM["learning_rate"],
         beta1=ADAM["beta1"],
@@ -189,27 +159,18 @@ def _arctic_step(
         weight_decay=ADAM["weight_decay"],
         grad_clip_norm=0.0,
     )
-    t4 = time.perf_counter()
+    laps.mark("optim")
     client.sync_weights()
-    t5 = time.perf_counter()
-    for name, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-        phases[name] = seconds
-
-
-Step = Callable[[dict[str, float]], Any]
-
-
-def _cpu(process: Any) -> float:
-    """CPU seconds (user + system) a process has used so far; 0.0 if it is unknown."""
-    if process is None:
-        return 0.0
-    times = process.cpu_times()
-    return float(times.user + times.system)
+    laps.mark("sync")
+    return laps.seconds
 
 
 def _paired(
-    a: Step, b: Step, repeats: int, servers: dict[str, Any], warmup: int = 5
-) -> dict[str, Any]:
+    sides: dict[str, Callable[[], dict[str, float]]],
+    repeats: int,
+    servers: dict[str, Any],
+    warmup: int = 5,
+) -> Paired:
     """``repeats`` rounds of one step each side, the order alternating (AB, BA, ...).
 
     Each round's ratio a/b is a pair measured back to back, so load that changes slowly
@@ -217,33 +178,36 @@ def _paired(
     seconds of this process (the client side: the SDK or ArcticRLClient) and of each side's
     server process (the front-end, not the engines) are kept too: unlike wall time they
     hardly depend on the load. Fresh engine workers run their first calls slowly (see the
-    transport bench), hence ``warmup`` untimed steps a side."""
-    for _ in range(warmup):
-        a({})
-        b({})
+    transport bench), hence ``warmup`` untimed steps a side. A side returns its parts' seconds.
+    """
+    return paired(
+        {
+            name: Side(fn, counters={"server_cpu": cpu_counter(servers.get(name))}, measure=dict)
+            for name, fn in sides.items()
+        },
+        repeats,
+        warmup,
+    )
+
+
+def _round_records(timing: Paired) -> list[dict[str, Any]]:
+    """Each round as recorded: per side its total, parts and CPU seconds; the ratio a/b."""
+    a, b = timing.sides
     rounds: list[dict[str, Any]] = []
-    for i in range(repeats):
+    for r in timing.rounds:
         round_: dict[str, Any] = {}
-        order = (("tinker", a), ("arctic_rl_client", b))
-        for name, fn in order if i % 2 == 0 else order[::-1]:
-            phases: dict[str, float] = {}
-            cpu0, server0 = time.process_time(), _cpu(servers.get(name))
-            t0 = time.perf_counter()
-            fn(phases)
+        for name in r.order:
+            s = r.samples[name][0]
             round_[name] = {
-                "total": time.perf_counter() - t0,
-                **phases,
-                "client_cpu": time.process_time() - cpu0,
-                "server_cpu": _cpu(servers.get(name)) - server0,
+                "total": s.wall,
+                **s.figures,
+                "client_cpu": s.cpu,
+                "server_cpu": s.counters["server_cpu"],
             }
-        round_["ratio"] = round_["tinker"]["total"] / round_["arctic_rl_client"]["total"]
-        round_["load_1min"] = os.getloadavg()[0]
+        round_["ratio"] = round_[a]["total"] / round_[b]["total"]
+        round_["load_1min"] = r.load_1min
         rounds.append(round_)
-    return {"rounds": rounds}
-
-
-def _median_of(rounds: list[dict[str, Any]], side: str, key: str) -> float:
-    return statistics.median(r[side][key] for r in rounds)
+    return rounds
 
 
 def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9) -> dict:
@@ -270,7 +234,7 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
         "sp": tinker.SamplingParams(max_tokens=max_tokens, temperature=1.0),
     }
     (root / "tinker").mkdir()
-    server, url = _start_tinker_server(model, root / "tinker")
+    server, url = _start_tinker_server(root / "tinker")
     os.environ["ARCTIC_RL_HOME"] = str(root / "arctic")
     client = None
     try:
@@ -278,10 +242,11 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
         training = service.create_lora_training_client(base_model=model, rank=8).result()
         state = {"sampler": training.save_weights_and_get_sampling_client().result()}
 
-        def tinker_step(phases: dict[str, float]) -> None:
-            state["sampler"] = _tinker_step(
-                training, state["sampler"], batch_prompts, params, phases
+        def tinker_step() -> dict[str, float]:
+            state["sampler"], parts = _tinker_step(
+                training, state["sampler"], batch_prompts, params
             )
+            return parts
 
         config = ArcticRLClientConfig(
             model_name=model,
@@ -305,9 +270,11 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
             ),
         }
         load_start = os.getloadavg()
-        paired = _paired(
-            tinker_step,
-            lambda phases: _arctic_step(client, batch_prompts, params, phases),
+        timing = _paired(
+            {
+                "tinker": tinker_step,
+                "arctic_rl_client": lambda: _arctic_step(client, batch_prompts, params),
+            },
             repeats,
             servers,
         )
@@ -315,13 +282,8 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
     finally:
         if client is not None:
             client.shutdown()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    rounds = paired["rounds"]
-    ratios = [r["ratio"] for r in rounds]
+        stop_server(server)
+    ratios = timing.ratios("tinker", "arctic_rl_client")
     sides = ("tinker", "arctic_rl_client")
     return {
         "workload": {"prompts": prompts, "group": group, "max_tokens": max_tokens},
@@ -330,12 +292,15 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
             "up; ratio: median over rounds of tinker/arctic_rl_client"
         ),
         "repeats": repeats,
-        "seconds": {side: _median_of(rounds, side, "total") for side in sides},
+        "seconds": {side: timing.median(side) for side in sides},
         "phases_median": {
-            side: {name: _median_of(rounds, side, name) for name in PHASES} for side in sides
+            side: {name: timing.median(side, name) for name in PHASES} for side in sides
         },
         "cpu_median": {
-            side: {name: _median_of(rounds, side, name) for name in ("client_cpu", "server_cpu")}
+            side: {
+                "client_cpu": timing.median(side, "cpu"),
+                "server_cpu": timing.median(side, "server_cpu"),
+            }
             for side in sides
         },
         "ratio": statistics.median(ratios),
@@ -344,7 +309,7 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
         "ratios": ratios,
         "load_average_start": list(load_start),
         "load_average_end": list(load_end),
-        "rounds": rounds,
+        "rounds": _round_records(timing),
         "goal": 1.10,
     }
 

@@ -22,6 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.timing import Side, paired
+
 
 def _paired(
     direct: Callable[[], Any],
@@ -33,38 +35,27 @@ def _paired(
     """Medians of ``direct`` and ``through``, timed in pairs after a warm-up of each.
 
     Pairs put both sides under the same load of this shared machine (the server's idle jobs
-    and other processes), which timing one after the other does not; the order alternates
-    within pairs. ``worker_seconds`` (read outside the timed window) is the server's running
-    total of time spent waiting for its workers on this operation: its change over a
-    ``through`` call is that call's engine run in the worker, so ``through / worker`` is what
-    the transport and the server add, free of how fast the engine ran in which process.
-    A fresh worker runs its first calls slower than later ones (a fresh training worker's
-    first ~5 ``fwd_bwd`` took 1.2-1.6 s, then ~0.6 s like the in-process engine), hence the
-    warm-up calls.
+    and other processes), which timing one after the other does not. ``worker_seconds``
+    (read outside the timed window) is the server's running total of time spent waiting for
+    its workers on this operation: its change over a ``through`` call is that call's engine
+    run in the worker, so ``through / worker`` is what the transport and the server add,
+    free of how fast the engine ran in which process. A fresh worker runs its first calls
+    slower than later ones (a fresh training worker's first ~5 ``fwd_bwd`` took 1.2-1.6 s,
+    then ~0.6 s like the in-process engine), hence the warm-up calls.
     """
-    for _ in range(warmup):
-        direct()
-        through()
-    rounds: list[dict[str, float]] = []
-    for i in range(repeats):
-        row: dict[str, float] = {}
-        for name in ("direct", "through") if i % 2 == 0 else ("through", "direct"):
-            fn = direct if name == "direct" else through
-            before = worker_seconds() if worker_seconds and name == "through" else 0.0
-            t0 = time.perf_counter()
-            fn()
-            row[name] = time.perf_counter() - t0
-            if worker_seconds and name == "through":
-                row["worker"] = worker_seconds() - before
-        rounds.append(row)
+    counters = {"worker": worker_seconds} if worker_seconds else {}
+    timing = paired(
+        {"direct": direct, "through": Side(through, counters=counters)}, repeats, warmup
+    )
     out: dict[str, Any] = {
-        "direct_s": statistics.median(r["direct"] for r in rounds),
-        "through_s": statistics.median(r["through"] for r in rounds),
-        "paired_ratio": statistics.median(r["through"] / r["direct"] for r in rounds),
+        "direct_s": timing.median("direct"),
+        "through_s": timing.median("through"),
+        "paired_ratio": timing.ratio("through", "direct"),
     }
     if worker_seconds:
-        out["worker_s"] = statistics.median(r["worker"] for r in rounds)
-        out["over_worker"] = statistics.median(r["through"] / r["worker"] for r in rounds)
+        out["worker_s"] = timing.median("through", "worker")
+        over = [s.wall / s.counters["worker"] for s in timing.samples("through")]
+        out["over_worker"] = statistics.median(over)
     return out
 
 

@@ -1,6 +1,6 @@
 """The pairwise configuration matrix of the whole loop (issue 17), on real engines.
 
-Each planned row (``bench.matrix.pairwise_rows``) runs generate -> log_probs -> fwd_no_grad
+Each planned row (``bench.matrix_plan.pairwise_rows``) runs generate -> log_probs -> fwd_no_grad
 -> fwd_bwd -> step -> sync -> generate, then save, a reconnecting second process that steps,
 and a load, checking trainer/sampler/log-prob agreement, equal weight norms after the sync,
 and a loss curve that continues across the save. The rows share one server per backend and
@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from bench.matrix import KNOB_FIELDS, MatrixRunner, RowResult, pairwise_rows
+from bench.matrix_plan import KNOB_FIELDS, pairwise_rows
+from bench.matrix_runner import MatrixRunner, RowResult
 
 PLAN = pairwise_rows()
 

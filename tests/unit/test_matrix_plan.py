@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from bench.matrix import KNOBS, Row, _pairs, pairwise_rows, refusal, supported_rows
+from bench.matrix_plan import KNOBS, Row, _pairs, pairwise_rows, refusal, supported_rows
 
 
 @pytest.fixture(scope="module")
