@@ -90,3 +90,134 @@ def test_console_script_runs_in_a_subprocess():
         check=True,
     ).stdout
     assert any(r["name"] == "local" for r in json.loads(out))
+
+
+# --- commands from the plugins (arctic_rl_register_commands) --------------------------------
+
+DEMO_FLAGS = (
+    "--steps --sft-steps --eval-every --async --max-staleness --prompts-per-step "
+    "--samples-per-prompt --model-size --transport --colocate --output-dir --seed --lr --sft-lr "
+    "--kl-coef --quiet"
+).split()
+
+
+def test_the_demo_command_comes_from_its_plugin_with_every_flag(capsys):
+    from arctic_platform.rl.plugins import get_registry
+
+    assert get_registry().get("command", "demo").summary.startswith("SFT warm start")
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(flag in out for flag in DEMO_FLAGS)
+    assert "--lr LR" in out and "--sft-lr SFT_LR" in out
+
+
+def test_the_demo_flags_set_the_demo_settings(monkeypatch, tmp_path, capsys):
+    import arctic_rl_demo.main
+
+    seen = {}
+
+    def fake_run_demo(settings):
+        seen["settings"] = settings
+        summary = dict.fromkeys(("heldout_exact_after_sft", "heldout_exact_final"), 0.5)
+        summary.update(heldout_gain_from_rl=0.0, rl_steps_per_second=1.0, total_seconds=60.0)
+        return {**summary, "heldout_size": 128, "mode": "async"}
+
+    monkeypatch.setattr(arctic_rl_demo.main, "run_demo", fake_run_demo)
+    argv = ["demo", "--steps", "7", "--sft-steps", "3", "--eval-every", "0", "--async"]
+    argv += ["--max-staleness", "2", "--prompts-per-step", "5", "--samples-per-prompt", "6"]
+    argv += ["--model-size", "small", "--transport", "ray", "--colocate", "--seed", "9"]
+    argv += ["--lr", "0.5", "--sft-lr", "0.25", "--kl-coef", "0.1", "--quiet"]
+    argv += ["--output-dir", str(tmp_path)]
+    assert main(argv) == 0
+    s = seen["settings"]
+    got = (s.steps, s.sft_steps, s.eval_every, s.async_mode, s.max_staleness)
+    assert got == (7, 3, 0, True, 2)
+    assert (s.prompts_per_step, s.samples_per_prompt, s.model_size, s.transport) == (
+        5,
+        6,
+        "small",
+        "ray",
+    )
+    assert (s.colocate, s.seed, s.learning_rate, s.sft_learning_rate, s.kl_coef, s.quiet) == (
+        True,
+        9,
+        0.5,
+        0.25,
+        0.1,
+        True,
+    )
+    assert s.output_dir == tmp_path
+    assert "after SFT 0.500, final 0.500" in capsys.readouterr().out
+    assert main(["demo"]) == 0  # the defaults: those of DemoSettings
+    assert (seen["settings"].steps, seen["settings"].learning_rate) == (80, 1e-3)
+
+
+@pytest.fixture
+def plugin_commands():
+    """A registry whose only plugins register commands: a good one, a built-in name, one name
+    twice, a failing parser hook and an action that cannot be imported."""
+    from arctic_platform.rl.plugins import (
+        CommandSpec,
+        Registry,
+        hookimpl,
+        new_plugin_manager,
+        set_registry,
+    )
+
+    def greet_arguments(parser):
+        parser.add_argument("--who", default="world")
+
+    def greet(args):
+        print(f"hello {args.who}")
+        return 5
+
+    def broken_arguments(parser):
+        raise RuntimeError("no parser today")
+
+    def command(name, **kw):
+        return CommandSpec(
+            name=name, summary=kw.get("summary", name), configure_parser=greet_arguments,
+            action=kw.get("action", greet),
+        )  # fmt: skip
+
+    class One:
+        @hookimpl
+        def arctic_rl_register_commands(self):
+            yield command("greet", summary="say hello")
+            yield command("serve")
+            yield command("twice")
+            yield CommandSpec("broken", "b", configure_parser=broken_arguments, action=greet)
+            yield command("lost", action="no_such_module_xyz:run")
+
+    class Two:
+        @hookimpl
+        def arctic_rl_register_commands(self):
+            yield command("twice")
+
+    pm = new_plugin_manager(load_entrypoints=False)
+    pm.register(One(), name="one")
+    pm.register(Two(), name="two")
+    set_registry(Registry(pm))
+    yield
+    set_registry(None)
+
+
+def test_a_plugin_command_runs_its_action_with_its_arguments(plugin_commands, capsys):
+    assert main(["greet", "--who", "arctic"]) == 5
+    captured = capsys.readouterr()
+    assert "hello arctic" in captured.out
+    # a plugin may not replace a built-in command: it is ignored, with a warning
+    assert "plugin command 'serve' ignored: a built-in command" in captured.err
+
+
+def test_broken_plugin_commands_say_why_and_leave_the_others(plugin_commands, capsys):
+    assert main(["twice", "--anything"]) == 2
+    err = capsys.readouterr().err
+    assert "command 'twice' is registered twice" in err and "'one'" in err and "'two'" in err
+    assert main(["broken"]) == 2
+    assert "its parser hook failed" in capsys.readouterr().err
+    assert main(["lost"]) == 2
+    assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+    assert main(["greet"]) == 5

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from arctic_platform.rl.demo_task import ReverseDigitsTask, group_advantages
+from arctic_rl_demo.task import ReverseDigitsTask, group_advantages
 
 
 def test_the_answer_is_the_digits_reversed():

@@ -16,6 +16,7 @@ from arctic_platform.rl.errors import (
 )
 from arctic_platform.rl.plugins import (
     BackendSpec,
+    CommandSpec,
     EngineSpec,
     Registry,
     TransportSpec,
@@ -52,6 +53,7 @@ def test_builtin_plugins_are_found_through_entry_points(monkeypatch):
     assert reg.names("engine", role="sampling") == ["vllm"]
     assert reg.names("engine", role="log_prob") == ["deepspeed", "vllm"]
     assert {"grpo", "ppo", "importance_sampling", "cross_entropy"} <= set(reg.names("loss"))
+    assert reg.names("command") == ["demo"]
     records = reg.pm.records
     assert records["arctic_rl_local"].distribution == "arctic-platform"
     assert records["arctic_rl_local"].version and records["arctic_rl_local"].status == "loaded"
@@ -483,3 +485,42 @@ def test_the_process_wide_registry_is_built_once_and_can_be_replaced():
         assert get_registry() is mine
     finally:
         set_registry(None)
+
+
+# --- commands (arctic_rl_register_commands) -------------------------------------------------
+
+
+def test_a_fixture_command_is_registered_with_lazy_parser_and_action(fixture_site):
+    reg = fresh_registry()
+    spec = reg.get("command", "Fixture-Hello")
+    assert (spec.name, spec.summary) == ("fixture-hello", "say hello from a fixture")
+    assert spec.load_configure_parser().__name__ == "hello_arguments"
+    assert spec.load_action().__name__ == "hello"
+    (row,) = [r for r in reg.rows() if r["kind"] == "command" and r["name"] == "fixture-hello"]
+    assert (row["plugin"], row["status"], row["description"]) == (
+        "fixture_good",
+        "loaded",
+        "say hello from a fixture",
+    )
+
+
+def test_a_command_registered_twice_names_both_providers(fixture_site):
+    reg = fresh_registry()
+    with pytest.raises(DuplicatePluginError) as info:
+        reg.get("command", "fixture-dup")
+    assert "command 'fixture-dup' is registered twice" in str(info.value)
+    assert "fixture_dup_a" in str(info.value) and "fixture_dup_b" in str(info.value)
+
+
+def test_a_command_name_is_one_lower_case_word():
+    assert CommandSpec(name=" Hello-2 ", summary="s", configure_parser=str, action=str).name == (
+        "hello-2"
+    )
+    for bad in ("two words", "-x", "2go", "a_b"):
+        with pytest.raises(PluginError, match="lower-case word"):
+            CommandSpec(name=bad, summary="s", configure_parser=str, action=str)
+    lazy = CommandSpec(name="x", summary="s", configure_parser="nope_xyz:f", action="nope_xyz:g")
+    with pytest.raises(PluginError, match="'x' parser: cannot import"):
+        lazy.load_configure_parser()
+    with pytest.raises(PluginError, match="'x' action: cannot import"):
+        lazy.load_action()

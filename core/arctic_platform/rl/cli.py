@@ -1,4 +1,4 @@
-"""The ``arctic-rl`` command line: plugins, config checks, and (later) serve and demo."""
+"""The ``arctic-rl`` command line: plugins, config, serve, platform, and the plugins' commands."""
 
 from __future__ import annotations
 
@@ -76,133 +76,10 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-_SERVE_DEFAULTS = {
-    "host": "127.0.0.1",
-    "port": 7000,
-    "transport": "http",
-    "num_gpus": 1,
-    "op_timeout": 900.0,
-    "sync_timeout": 120.0,
-}
-
-
-def _serve_settings(args: argparse.Namespace) -> None:
-    """Fill unset serve options: from the job table with ``--resume RUN_DIR``, else defaults."""
-    from arctic_platform.rl.server.job_table import JobTableError, load_table, state_path
-
-    saved: dict[str, Any] = {}
-    if args.resume is not None:
-        if args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
-            raise JobTableError("--resume RUN_DIR and --run-dir name different directories")
-        args.run_dir = args.resume
-        table = load_table(Path(args.resume))
-        if table is None:
-            raise JobTableError(
-                f"nothing to resume: {state_path(Path(args.resume))} does not exist"
-            )
-        saved = table.server
-        token = Path(args.resume) / "token"
-        if args.token_file is None and token.exists():
-            args.token_file = str(token)
-    for name, default in _SERVE_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, saved.get(name, default))
-    if saved.get("num_gpus"):  # the resumed jobs need at least the GPUs they had
-        args.num_gpus = max(int(args.num_gpus), int(saved["num_gpus"]))
-
-
 def _serve(args: argparse.Namespace) -> int:
-    import logging
-    import os
-    import signal
+    from arctic_platform.rl.server.process import run_serve
 
-    from arctic_platform.rl.errors import ArcticRLError
-    from arctic_platform.rl.network import is_loopback
-    from arctic_platform.rl.plugins import get_registry
-    from arctic_platform.rl.run_dirs import server_run_dir
-    from arctic_platform.rl.server import RLServer
-
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        _serve_settings(args)
-    except ArcticRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    token = os.environ.get("ARCTIC_RL_TOKEN")
-    if args.token_file:
-        token = Path(args.token_file).read_text().strip() or None
-    if token is None and not is_loopback(args.host):
-        print(
-            f"error: refusing to serve on non-loopback address {args.host} without a token "
-            "(--token-file or ARCTIC_RL_TOKEN)",
-            file=sys.stderr,
-        )
-        return 2
-    spec = get_registry().get("transport", args.transport, field="--transport")
-    serve = spec.load_server()
-    run_dir = Path(args.run_dir) if args.run_dir else server_run_dir(args.host, args.port)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = {"host": args.host, "port": args.port, "transport": args.transport}
-    if not spec.network_address:  # the transport hosts RLServer itself (e.g. a Ray actor)
-
-        def _exit(signum: int, _frame: object) -> None:
-            raise SystemExit(128 + signum)
-
-        signal.signal(signal.SIGTERM, _exit)
-        (run_dir / "server.pid").write_text(str(os.getpid()))
-        try:
-            serve(
-                run_dir,
-                num_gpus=args.num_gpus,
-                ray_auto_attach=not args.no_ray_auto_attach,
-                ray_address=args.ray_address,
-                op_timeout=args.op_timeout,
-                sync_timeout=args.sync_timeout,
-                resume=args.resume is not None,
-                settings=settings,
-            )
-        except ArcticRLError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            (run_dir / "server.pid").unlink(missing_ok=True)
-        return 0
-    server = RLServer(
-        run_dir,
-        num_gpus=args.num_gpus,
-        ray_auto_attach=not args.no_ray_auto_attach,
-        ray_address=args.ray_address,
-        op_timeout=args.op_timeout,
-        sync_timeout=args.sync_timeout,
-        resume=args.resume is not None,
-        settings=settings,
-    )
-
-    def _stop(signum: int, _frame: object) -> None:
-        server.shutdown_requested.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    pid_file = run_dir / "server.pid"
-    pid_file.write_text(str(os.getpid()))
-    try:
-        server.start()
-        # ray.init (inside start) puts its own SIGTERM handler in, which exits the process
-        # with status 15 mid-shutdown; a signal here asks for our orderly stop instead.
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        serve(server, args.host, args.port, token)
-    except ArcticRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        server.close()
-        if pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
-            pid_file.unlink()
-    return 0
+    return run_serve(args)
 
 
 def _platform_serve(args: argparse.Namespace) -> int:
@@ -234,44 +111,69 @@ def _platform_serve(args: argparse.Namespace) -> int:
     )
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from arctic_platform.rl.demo import DemoSettings, run_demo
-
-    settings = DemoSettings(
-        steps=args.steps,
-        sft_steps=args.sft_steps,
-        eval_every=args.eval_every,
-        async_mode=args.async_mode,
-        max_staleness=args.max_staleness,
-        prompts_per_step=args.prompts_per_step,
-        samples_per_prompt=args.samples_per_prompt,
-        model_size=args.model_size,
-        transport=args.transport,
-        colocate=args.colocate,
-        seed=args.seed,
-        quiet=args.quiet,
-        learning_rate=args.lr,
-        sft_learning_rate=args.sft_lr,
-        kl_coef=args.kl_coef,
-    )
-    if args.output_dir:
-        settings.output_dir = Path(args.output_dir)
-    summary = run_demo(settings)
-    print(
-        f"held-out exact match ({summary['heldout_size']} prompts, greedy): after SFT "
-        f"{summary['heldout_exact_after_sft']:.3f}, final {summary['heldout_exact_final']:.3f} "
-        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['mode']}, "
-        f"{summary['rl_steps_per_second']:.2f} RL steps/s, {summary['total_seconds'] / 60:.1f} "
-        f"min; plot: {settings.output_dir / 'reward.png'}"
-    )
-    return 0
-
-
 def _config_reference(args: argparse.Namespace) -> int:
     from arctic_platform.rl.config_doc import readme_section
 
     print(readme_section())
     return 0
+
+
+BUILTIN_COMMANDS = frozenset({"plugins", "config", "serve", "platform"})
+"""Core's own commands; a plugin command with one of these names is ignored (with a warning)."""
+
+
+def _refusal(message: str) -> Handler:
+    def handler(_args: argparse.Namespace) -> int:
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+    return handler
+
+
+def _plugin_action(spec: Any) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        from arctic_platform.rl.errors import PluginError
+
+        try:
+            action = spec.load_action()
+        except PluginError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return int(action(args) or 0)
+
+    return handler
+
+
+def _add_plugin_commands(sub: Any) -> None:
+    """One subcommand per ``CommandSpec`` the plugins register (``arctic_rl_register_commands``).
+
+    A broken command (two plugins with its name, or a parser hook that fails) still appears,
+    and running it says what is wrong; the other commands are unaffected.
+    """
+    from arctic_platform.rl.errors import ArcticRLError
+    from arctic_platform.rl.plugins import get_registry
+
+    registry = get_registry()
+    for name in registry.names("command"):
+        if name in BUILTIN_COMMANDS:
+            print(f"warning: plugin command {name!r} ignored: a built-in command", file=sys.stderr)
+            continue
+        try:
+            spec = registry.get("command", name)
+            configure = spec.load_configure_parser()
+        except ArcticRLError as exc:
+            # no option prefix: whatever follows the name is taken, and the run says why not
+            broken = sub.add_parser(name, help=f"(broken: {exc})", prefix_chars="\0")
+            broken.add_argument("rest", nargs="*")
+            broken.set_defaults(handler=_refusal(str(exc)))
+            continue
+        parser = sub.add_parser(name, help=spec.summary, description=spec.summary)
+        handler = _plugin_action(spec)
+        try:
+            configure(parser)
+        except Exception as exc:
+            handler = _refusal(f"command {name!r}: its parser hook failed ({exc!r})")
+        parser.set_defaults(handler=handler)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,38 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     pserve.add_argument("--log-level", default="info")
     pserve.set_defaults(handler=_platform_serve)
 
-    demo = sub.add_parser(
-        "demo", help="SFT warm start then GRPO on a digit-reversal task, tiny model, on CPU"
-    )
-    demo.add_argument("--steps", type=int, default=80, help="GRPO steps (default 80)")
-    demo.add_argument("--sft-steps", type=int, default=40, help="warm-start steps (default 40)")
-    demo.add_argument(
-        "--eval-every", type=int, default=10, help="held-out evaluation every N RL steps (0: end)"
-    )
-    demo.add_argument(
-        "--async",
-        dest="async_mode",
-        action="store_true",
-        help="one-step off-policy: generate the next rollouts while a step trains",
-    )
-    demo.add_argument(
-        "--max-staleness",
-        type=int,
-        default=1,
-        help="with --async: rollouts at most this many weight versions old (default 1)",
-    )
-    demo.add_argument("--prompts-per-step", type=int, default=16)
-    demo.add_argument("--samples-per-prompt", type=int, default=16)
-    demo.add_argument("--model-size", choices=["tiny", "small"], default="tiny")
-    demo.add_argument("--transport", default="http")
-    demo.add_argument("--colocate", action="store_true")
-    demo.add_argument("--output-dir", help="run directory (default: runs/demo-<time>)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
-    demo.add_argument("--sft-lr", type=float, default=2e-3, help="warm-start learning rate")
-    demo.add_argument("--kl-coef", type=float, default=0.0)
-    demo.add_argument("--quiet", action="store_true")
-    demo.set_defaults(handler=_demo)
+    _add_plugin_commands(sub)
     return parser
 
 

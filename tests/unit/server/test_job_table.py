@@ -92,7 +92,8 @@ def test_serve_resume_without_a_table_says_so(tmp_path, capsys):
 
 
 def test_serve_resume_takes_address_transport_token_and_gpus_from_the_table(tmp_path):
-    from arctic_platform.rl.cli import _serve_settings, build_parser
+    from arctic_platform.rl.cli import build_parser
+    from arctic_platform.rl.server.process import fill_serve_settings as _serve_settings
 
     server = {"host": "127.0.0.1", "port": 7123, "transport": "ray", "num_gpus": 3}
     save_table(tmp_path, JobTable(server={**server, "op_timeout": 60.0}))

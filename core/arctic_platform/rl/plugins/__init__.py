@@ -16,6 +16,7 @@ from arctic_platform.rl.plugins.registry import Registry, get_registry, set_regi
 from arctic_platform.rl.plugins.specs import (
     ENGINE_ROLES,
     BackendSpec,
+    CommandSpec,
     EngineSpec,
     LossSpec,
     TransportSpec,
@@ -30,6 +31,7 @@ __all__ = [
     "ArcticRLHookSpecs",
     "ArcticRLPluginManager",
     "BackendSpec",
+    "CommandSpec",
     "EngineSpec",
     "LossSpec",
     "PluginRecord",

@@ -30,7 +30,13 @@ from collections.abc import Iterable
 
 import pluggy
 
-from arctic_platform.rl.plugins.specs import BackendSpec, EngineSpec, LossSpec, TransportSpec
+from arctic_platform.rl.plugins.specs import (
+    BackendSpec,
+    CommandSpec,
+    EngineSpec,
+    LossSpec,
+    TransportSpec,
+)
 
 PROJECT_NAME = "arctic_rl"
 ENTRY_POINT_GROUP = "arctic_rl"
@@ -87,10 +93,27 @@ class ArcticRLHookSpecs:
                 yield LossSpec(name="grpo", factory="pkg.losses:GRPOLoss")
         """
 
+    @hookspec
+    def arctic_rl_register_commands(self) -> Iterable[CommandSpec]:  # type: ignore[empty-body]
+        """Subcommands of ``arctic-rl`` (``arctic-rl NAME ...``), beside the built-in ones.
+
+        A command named like a built-in one (``serve``, ``plugins``, ...) is ignored with a
+        warning; two plugins with one name make the command report both.
+
+        Example::
+
+            @hookimpl
+            def arctic_rl_register_commands():
+                yield CommandSpec(name="hello", summary="say hello",
+                                  configure_parser="pkg.cli:add_arguments",
+                                  action="pkg.cli:run")
+        """
+
 
 HOOK_KINDS: dict[str, str] = {
     "arctic_rl_register_backends": "backend",
     "arctic_rl_register_transports": "transport",
     "arctic_rl_register_engines": "engine",
     "arctic_rl_register_losses": "loss",
+    "arctic_rl_register_commands": "command",
 }

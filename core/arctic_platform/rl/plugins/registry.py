@@ -16,6 +16,7 @@ from arctic_platform.rl.plugins.manager import (
 )
 from arctic_platform.rl.plugins.specs import (
     BackendSpec,
+    CommandSpec,
     EngineSpec,
     LossSpec,
     TransportSpec,
@@ -27,6 +28,7 @@ _SPEC_TYPES: dict[str, type] = {
     "transport": TransportSpec,
     "engine": EngineSpec,
     "loss": LossSpec,
+    "command": CommandSpec,
 }
 
 

@@ -1,16 +1,18 @@
-"""Typed spec objects that plugin hooks return: one per backend, transport, engine or loss."""
+"""Typed spec objects that plugin hooks return: one per backend, transport, engine, loss or
+``arctic-rl`` command."""
 
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from arctic_platform.rl.errors import NotImplementedInThisVersion, PluginError
 
 EngineRole = Literal["training", "sampling", "log_prob"]
 ENGINE_ROLES: tuple[EngineRole, ...] = ("training", "sampling", "log_prob")
-PluginKind = Literal["backend", "transport", "engine", "loss"]
+PluginKind = Literal["backend", "transport", "engine", "loss", "command"]
 
 
 def normalize_name(name: str) -> str:
@@ -151,3 +153,47 @@ class LossSpec(_Spec):
     """A loss function for ``fwd_bwd``; ``factory`` returns a ``LossFn``."""
 
     defaults: dict[str, Any] = field(default_factory=dict)
+
+
+_COMMAND_NAME = re.compile(r"[a-z][a-z0-9-]*")
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """An ``arctic-rl`` subcommand that a plugin adds: ``arctic-rl NAME ...``.
+
+    ``configure_parser(parser)`` adds the command's arguments to the ``argparse`` parser the
+    CLI made for it (its help is ``summary``); ``action(args)`` runs the command with the parsed
+    ``argparse.Namespace`` and returns the exit status. Either may be a lazy
+    ``"pkg.module:attr"`` string: the parser's module is imported when the CLI builds its
+    parser, the action's only when the command runs.
+    """
+
+    name: str
+    summary: str
+    configure_parser: Any
+    action: Any
+
+    implemented: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        name = normalize_name(self.name)
+        if not _COMMAND_NAME.fullmatch(name):
+            raise PluginError(
+                f"CommandSpec {self.name!r}: a command name is a lower-case word "
+                "(letters, digits and '-', starting with a letter)"
+            )
+        object.__setattr__(self, "name", name)
+
+    @property
+    def description(self) -> str:
+        """The summary (what ``arctic-rl plugins list`` shows for every kind)."""
+        return self.summary
+
+    def load_configure_parser(self) -> Any:
+        """The parser hook, importing it first when it is a lazy string."""
+        return resolve_factory(self.configure_parser, f"CommandSpec {self.name!r} parser")
+
+    def load_action(self) -> Any:
+        """The action, importing it first when it is a lazy string."""
+        return resolve_factory(self.action, f"CommandSpec {self.name!r} action")

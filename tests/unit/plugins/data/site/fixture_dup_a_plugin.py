@@ -1,4 +1,4 @@
-from arctic_platform.rl.plugins import BackendSpec, hookimpl
+from arctic_platform.rl.plugins import BackendSpec, CommandSpec, hookimpl
 
 
 @hookimpl
@@ -8,3 +8,8 @@ def arctic_rl_register_backends():
 
 def make():
     return "a"
+
+
+@hookimpl
+def arctic_rl_register_commands():
+    yield CommandSpec(name="fixture-dup", summary="a", configure_parser=make, action=make)

@@ -35,3 +35,21 @@ def arctic_rl_register_engines():
     from arctic_platform.rl.plugins import EngineSpec
 
     yield EngineSpec(name="fixture-engine", role="log_prob", factory="fixture_good_plugin:make_loss")
+
+
+@hookimpl
+def arctic_rl_register_commands():
+    from arctic_platform.rl.plugins import CommandSpec
+
+    yield CommandSpec(name="fixture-hello", summary="say hello from a fixture",
+                      configure_parser="fixture_good_plugin:hello_arguments",
+                      action="fixture_good_plugin:hello")
+
+
+def hello_arguments(parser):
+    parser.add_argument("--who", default="world")
+
+
+def hello(args):
+    print(f"hello {args.who}")
+    return 3

@@ -16,8 +16,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from arctic_platform.rl.demo import DemoRun
-    from arctic_platform.rl.demo_rollouts import Rollout
+    from arctic_rl_demo.rollouts import Rollout
+    from arctic_rl_demo.run import DemoRun
 
 
 async def rl_async(run: DemoRun, bar: Any) -> None:

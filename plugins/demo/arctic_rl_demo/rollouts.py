@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from arctic_platform.rl.demo_task import ReverseDigitsTask, group_advantages
+from arctic_rl_demo.task import ReverseDigitsTask, group_advantages
 
 
 class Tokenizer(Protocol):
@@ -38,13 +38,17 @@ def sft_batch(
 
 @dataclass
 class Rollout:
-    """One step's samples: prompts, the sampler's outputs, and when they were made."""
+    """One step's samples: prompts, the sampler's outputs, and when they were made.
+
+    ``window``: the ``time.monotonic()`` seconds the generate call started and ended.
+    """
 
     index: int
     pairs: list[tuple[str, str]]
     outputs: list[dict[str, Any]]
     seconds: float
     rewards: list[float] = field(default_factory=list)
+    window: tuple[float, float] = (0.0, 0.0)
 
     @property
     def completions(self) -> list[dict[str, Any]]:

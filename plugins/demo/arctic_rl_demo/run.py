@@ -1,0 +1,247 @@
+"""One demo run: its settings (``DemoSettings``) and its state and phases (``DemoRun``).
+
+``DemoRun`` drives the public ``AsyncArcticRLClient``: the supervised warm start, held-out
+evaluations, rollouts, and one GRPO update a step (the synchronous loop is ``rl_sync``; the
+``--async`` one is ``arctic_rl_demo.async_loop``). Every record goes to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
+from arctic_rl_demo.task import ReverseDigitsTask
+
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2},
+    "small": {"hidden_size": 256, "num_layers": 4, "num_heads": 4},
+}
+
+
+@dataclass
+class DemoSettings:
+    """What one demo run does (``steps`` counts RL steps; the warm start has its own)."""
+
+    steps: int = 80
+    sft_steps: int = 40
+    sft_batch_size: int = 32
+    sft_learning_rate: float = 2e-3
+    prompts_per_step: int = 16
+    samples_per_prompt: int = 16
+    max_tokens: int = 8
+    learning_rate: float = 1e-3
+    kl_coef: float = 0.0
+    eval_every: int = 10
+    digits: int = 4
+    heldout_size: int = 128
+    async_mode: bool = False
+    max_staleness: int = 1
+    model_size: str = "tiny"
+    transport: str = "http"
+    colocate: bool = False
+    output_dir: Path = field(
+        default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    )
+    seed: int = 0
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.sft_steps < 0:
+            raise ValueError(f"steps={self.steps} must be >= 1 and sft_steps >= 0")
+        if self.async_mode and self.max_staleness < 1:
+            raise ValueError(
+                f"max_staleness={self.max_staleness}: the async pipeline needs at least 1 "
+                "(0 is the synchronous loop: leave out --async)"
+            )
+        if self.model_size not in MODEL_SIZES:
+            raise ValueError(f"model_size {self.model_size!r} is not one of {list(MODEL_SIZES)}")
+
+
+class DemoRun:
+    """One demo run's state: client, task, tokenizer, RNG, metrics file and counters."""
+
+    def __init__(self, settings: DemoSettings, client: Any, tokenizer: Any, out: Path) -> None:
+        self.settings = settings
+        self.client = client
+        self.tokenizer = tokenizer
+        self.task = ReverseDigitsTask(digits=settings.digits, heldout_size=settings.heldout_size)
+        self.rng = random.Random(settings.seed)
+        self.metrics_file = (out / "metrics.jsonl").open("w")
+        self.records: list[dict[str, Any]] = []
+        self.weight_version = 0
+        self.last_eval = 0.0
+        self.dropped_stale = 0
+        self.train_windows: list[tuple[float, float]] = []
+        self.sft_checkpoint: str | None = None
+        self.heldout_prompt_ids = [self.encode(p) for p, _ in self.task.heldout]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt (the same ids go to ``generate`` and into the batches)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def log(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Append one record to ``metrics.jsonl`` and to the in-memory history."""
+        self.records.append(record)
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        return record
+
+    # --- phases ---------------------------------------------------------------------------
+
+    async def warm_start(self) -> None:
+        """Supervised steps on task demonstrations, then save a checkpoint and sync."""
+        s = self.settings
+        for i in range(s.sft_steps):
+            t0 = time.monotonic()
+            pairs = self.task.prompts(s.sft_batch_size, self.rng)
+            batch = sft_batch(self.task, pairs, self.tokenizer)
+            metrics = await self.client.fwd_bwd(batch, "cross_entropy")
+            stepped = await self.client.step(learning_rate=s.sft_learning_rate)
+            self.log(
+                {
+                    "phase": "sft",
+                    "step": i,
+                    "loss": float(metrics.get("loss", 0.0)),
+                    "grad_norm": stepped.get("grad_norm"),
+                    "seconds": time.monotonic() - t0,
+                }
+            )
+        self.sft_checkpoint = await self.client.save_checkpoint(tag="sft")
+        synced = await self.client.sync_weights()
+        self.weight_version = int(synced["weight_version"])
+
+    async def evaluate(self, rl_step: int) -> float:
+        """Greedy exact match on the held-out prompts with the served weights; logged."""
+        t0 = time.monotonic()
+        gen = await self.client.generate(
+            self.heldout_prompt_ids,
+            {"n": 1, "max_tokens": self.settings.max_tokens, "temperature": 0.0},
+        )
+        exact = exact_fraction(self.task, gen["outputs"], self.task.heldout)
+        versions = {int(o["completions"][0].get("weight_version_start", 0)) for o in gen["outputs"]}
+        self.log(
+            {
+                "phase": "eval",
+                "rl_step": rl_step,
+                "heldout_exact": exact,
+                "weight_versions": sorted(versions),
+                "seconds": time.monotonic() - t0,
+            }
+        )
+        return exact
+
+    async def rollout(self, index: int, pairs: list[tuple[str, str]]) -> Rollout:
+        """Sample ``samples_per_prompt`` completions per prompt with the served weights."""
+        s = self.settings
+        t0 = time.monotonic()
+        gen = await self.client.generate(
+            [self.encode(p) for p, _ in pairs],
+            {
+                "n": s.samples_per_prompt,
+                "max_tokens": s.max_tokens,
+                "temperature": 1.0,
+                "seed": s.seed * 100003 + index,
+            },
+        )
+        t1 = time.monotonic()
+        rollout = Rollout(index, pairs, gen["outputs"], t1 - t0, window=(t0, t1))
+        rollout.score(self.task)
+        return rollout
+
+    def draw(self) -> list[tuple[str, str]]:
+        """The next step's training prompts (drawn in step order in both modes)."""
+        return self.task.prompts(self.settings.prompts_per_step, self.rng)
+
+    async def train(
+        self, rollout: Rollout, step: int, strategy: str, timings: dict[str, float]
+    ) -> dict[str, Any]:
+        """One GRPO update on ``rollout``, then the new weights to the sampler."""
+        s = self.settings
+
+        async def timed(name: str, coro: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return await coro
+            finally:
+                timings[name] = timings.get(name, 0.0) + time.monotonic() - t0
+
+        started = time.monotonic()
+        batch = grpo_batch(rollout, s.samples_per_prompt)
+        loss_config: dict[str, Any] = {"kl_estimator": "k3"}
+        if s.kl_coef > 0:
+            batch["ref_log_probs"] = await timed(
+                "ref_log_probs",
+                self.client.fwd_no_grad({"input_ids": batch["input_ids"]}, reference_model=True),
+            )
+            loss_config["kl_coef"] = s.kl_coef
+        metrics: dict[str, Any] = {}
+        stepped: dict[str, Any] = {}
+        # A batch whose groups all agree has no gradient; an optimizer step on it would
+        # still move the weights along Adam's momentum, so it is skipped.
+        if any(a != 0 for a in batch["advantages"]):
+            metrics = await timed("fwd_bwd", self.client.fwd_bwd(batch, "grpo", loss_config))
+            stepped = await timed("step", self.client.step(learning_rate=s.learning_rate))
+        synced = await timed("sync_weights", self.client.sync_weights(strategy=strategy))
+        self.train_windows.append((started, time.monotonic()))
+        oldest, newest = rollout.versions
+        staleness = self.weight_version - oldest
+        self.weight_version = int(synced["weight_version"])
+        rewards = rollout.rewards
+        return {
+            "phase": "rl",
+            "step": step,
+            "reward_mean": sum(rewards) / len(rewards),
+            "loss": float(metrics.get("loss", 0.0)),
+            "kl": float(metrics.get("kl", 0.0) or 0.0),
+            "ratio": float(metrics.get("ratio", 1.0) or 1.0),
+            "clip_fraction": float(metrics.get("clip_frac", 0.0) or 0.0),
+            "grad_norm": stepped.get("grad_norm"),
+            "lr": stepped.get("lr"),
+            "completion_tokens": sum(sum(m) for m in batch["loss_mask"]),
+            "sampled_versions": [oldest, newest],
+            "staleness": staleness,
+            "weight_version": self.weight_version,
+            "generation_overlap_seconds": self.overlap_with_training(rollout),
+            "sample": rollout.completions[0]["text"],
+        }
+
+    def overlap_with_training(self, rollout: Rollout) -> float:
+        """Seconds ``rollout`` was generated while an earlier GRPO update trained (0 in the
+        synchronous loop, which never samples during an update)."""
+        start, end = rollout.window
+        return sum(
+            max(0.0, min(end, t_end) - max(start, t_start)) for t_start, t_end in self.train_windows
+        )
+
+    async def rl_sync(self, bar: Any) -> None:
+        """The synchronous loop: each step samples with the weights the last step made."""
+        for step in range(self.settings.steps):
+            t0 = time.monotonic()
+            rollout = await self.rollout(step, self.draw())
+            timings = {"generate": rollout.seconds}
+            record = await self.train(rollout, step, "drain", timings)
+            timings["total"] = time.monotonic() - t0
+            await self.after_step(record, timings, bar)
+
+    async def after_step(self, record: dict[str, Any], timings: dict[str, float], bar: Any) -> None:
+        """Log a step, run a held-out evaluation when due, update the progress bar."""
+        s = self.settings
+        record["seconds"] = timings
+        step = record["step"]
+        self.log(record)
+        if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.steps:
+            self.last_eval = await self.evaluate(step + 1)
+        bar.update(1)
+        postfix = {
+            "reward": f"{record['reward_mean']:.2f}",
+            "heldout": f"{self.last_eval:.2f}",
+            "step_s": f"{timings['total']:.2f}",
+        }
+        if s.async_mode:
+            postfix["stale"] = str(record["staleness"])
+        bar.set_postfix(postfix)
