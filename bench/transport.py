@@ -54,7 +54,8 @@ def _paired(
     }
     if worker_seconds:
         out["worker_s"] = timing.median("through", "worker")
-        out["over_worker"] = statistics.median(timing.per("through", "wall", "worker"))
+        over = [s.wall / s.counters["worker"] for s in timing.samples("through")]
+        out["over_worker"] = statistics.median(over)
     return out
 
 

@@ -3,7 +3,9 @@
 Everything a backend, transport, engine or loss plugin needs from core is re-exported here:
 the hook marker and spec types, the interfaces and protocols, the config models, the errors,
 the wire models and operations table, the frame codec and batch checks, a few helpers, and
-``http_common`` (the JSON, error and client plumbing the HTTP apps and clients share).
+``http_common`` (the JSON, error and client plumbing the HTTP apps and clients share), and
+the web kit (``serve_http``, the token rule, ``TokenGuard``/``GuardLayer``/``BodyLimit``,
+``install_openapi``) that every HTTP front-end serves with.
 Core's own modules stay where they are; the rest of core is private to plugins
 (``tests/unit/test_plugin_contract.py`` fails when a plugin imports anything else of it).
 
@@ -70,7 +72,6 @@ from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
     BackendSpec,
-    CommandSpec,
     EngineSpec,
     LossSpec,
     TransportSpec,
@@ -83,6 +84,20 @@ from arctic_platform.rl.run_dirs import (
     read_or_create_token,
     server_run_dir,
     write_private,
+)
+from arctic_platform.rl.web.guards import (
+    BEARER_REFUSED,
+    BodyLimit,
+    GuardLayer,
+    TokenGuard,
+    bearer_token,
+)
+from arctic_platform.rl.web.openapi import install_openapi
+from arctic_platform.rl.web.serve import (
+    check_serve_token,
+    serve_http,
+    server_socket,
+    stop_on_signals,
 )
 from arctic_platform.rl.weight_sync.strategy import check_strategy
 from arctic_platform.rl.wire import (
@@ -130,6 +145,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BEARER_REFUSED",
     "BY_NAME",
     "ENGINE_ROLES",
     "FRAME_CONTENT_TYPE",
@@ -144,10 +160,10 @@ __all__ = [
     "Batch",
     "BatchError",
     "BatchLimits",
+    "BodyLimit",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ClientTransport",
-    "CommandSpec",
     "DuplicatePluginError",
     "EmptyRequest",
     "Engine",
@@ -159,6 +175,7 @@ __all__ = [
     "FwdBwdRequest",
     "FwdNoGradRequest",
     "GenerateRequest",
+    "GuardLayer",
     "HostingServerTransport",
     "InitializeRequest",
     "InvalidRequestError",
@@ -193,6 +210,7 @@ __all__ = [
     "SleepRequest",
     "StepRequest",
     "SyncWeightsRequest",
+    "TokenGuard",
     "TrainingConfig",
     "TrainingEngine",
     "TransportError",
@@ -204,6 +222,8 @@ __all__ = [
     "__version__",
     "aggregate",
     "arctic_home",
+    "bearer_token",
+    "check_serve_token",
     "check_strategy",
     "decode_frame",
     "describe_errors",
@@ -213,15 +233,19 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "http_common",
+    "install_openapi",
     "is_loopback",
     "is_loopback_address",
     "listening_socket",
     "not_implemented_yet",
     "prepare_ray",
     "read_or_create_token",
+    "serve_http",
     "server_run_dir",
+    "server_socket",
     "start_or_attach",
     "state_path",
+    "stop_on_signals",
     "validate_batch",
     "write_private",
 ]

@@ -7,13 +7,19 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from arctic_platform.rl.api import FRAME_CONTENT_TYPE, ArcticRLError, __version__, http_common
+from arctic_platform.rl.api import (
+    FRAME_CONTENT_TYPE,
+    ArcticRLError,
+    BodyLimit,
+    __version__,
+    http_common,
+    install_openapi,
+)
 from arctic_rl_dss.chunks import DEFAULT_CHUNK_BYTES
 from arctic_rl_dss.models import (
     TOKEN_TYPE_HEADER,
@@ -70,36 +76,6 @@ _FRAME_BODY: dict[str, Any] = {
 }
 
 
-class BodyLimit:
-    """ASGI middleware: any request body over ``limit`` bytes is a 413 (declared or streamed)."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            refusal = http_common.too_large(self.limit, int(declared), CHUNK_ADVICE)
-            await error_response(refusal.status, str(refusal), refusal.code)(scope, receive, send)
-            return
-        received = 0
-
-        async def limited() -> Any:
-            nonlocal received
-            message = await receive()
-            if message.get("type") == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise http_common.too_large(self.limit, None, CHUNK_ADVICE)
-            return message
-
-        await self.app(scope, limited, send)
-
-
 def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The platform API over ``service``."""
     app = FastAPI(
@@ -122,6 +98,19 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
 
     async def body_bytes(request: Request) -> bytes:
         return await http_common.read_body(request, max_body_bytes, CHUNK_ADVICE)
+
+    Frame = Annotated[bytes, Depends(body_bytes)]
+
+    def accepted(path: str, **extra: Any) -> Any:
+        """A data-plane POST route answering 202 ``{request_id, job_id}``."""
+        return app.post(
+            path,
+            tags=["data"],
+            responses=_ERRORS,
+            status_code=202,
+            response_model=SubmittedRequest,
+            **extra,
+        )
 
     @app.exception_handler(ArcticRLError)
     async def arctic_error(_: Request, exc: Exception) -> Response:
@@ -219,17 +208,8 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         service.delete_checkpoint(who, job_id, checkpoint_id)
         return Response(status_code=204)
 
-    @app.post(
-        "/{job_id}/forward-backward",
-        tags=["data"],
-        responses=_ERRORS,
-        status_code=202,
-        response_model=SubmittedRequest,
-        openapi_extra=_FRAME_BODY,
-    )
-    async def forward_backward(
-        who: User, job_id: str, body: Annotated[bytes, Depends(body_bytes)]
-    ) -> Response:
+    @accepted("/{job_id}/forward-backward", openapi_extra=_FRAME_BODY)
+    async def forward_backward(who: User, job_id: str, body: Frame) -> Response:
         """One chunk envelope of a forward-backward frame; the last chunk schedules it.
 
         The chunk group id is the idempotency key: the gradient is applied at most once.
@@ -238,35 +218,23 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
             await run_in_threadpool(service.forward_backward, who, job_id, body), 202
         )
 
-    @app.post("/{job_id}/step", tags=["data"], responses=_ERRORS, status_code=202,
-              response_model=SubmittedRequest)  # fmt: skip
+    @accepted("/{job_id}/step")
     def step(who: User, job_id: str, body: StepBody) -> Response:
         """Schedule an optimizer step."""
         return json_response(service.step(who, job_id, body), 202)
 
-    @app.post("/{job_id}/save", tags=["data"], responses=_ERRORS, status_code=202,
-              response_model=SubmittedRequest)  # fmt: skip
+    @accepted("/{job_id}/save")
     def save(who: User, job_id: str, body: SaveBody) -> Response:
         """Schedule a checkpoint of the training sub-job."""
         return json_response(service.save(who, job_id, body), 202)
 
-    @app.post("/{job_id}/load", tags=["data"], responses=_ERRORS, status_code=202,
-              response_model=SubmittedRequest)  # fmt: skip
+    @accepted("/{job_id}/load")
     def load(who: User, job_id: str, body: LoadBody) -> Response:
         """Schedule loading one of the job's checkpoints into its training sub-job."""
         return json_response(service.load(who, job_id, body), 202)
 
-    @app.post(
-        "/{job_id}/generate",
-        tags=["data"],
-        responses=_ERRORS,
-        status_code=202,
-        response_model=SubmittedRequest,
-        openapi_extra=_FRAME_BODY,
-    )
-    async def generate(
-        who: User, job_id: str, body: Annotated[bytes, Depends(body_bytes)]
-    ) -> Response:
+    @accepted("/{job_id}/generate", openapi_extra=_FRAME_BODY)
+    async def generate(who: User, job_id: str, body: Frame) -> Response:
         """Schedule generation: a frame of {prompts, sampling_params}, chunked when large."""
         return json_response(await run_in_threadpool(service.generate, who, job_id, body), 202)
 
@@ -310,33 +278,22 @@ def build_app(service: PlatformService, max_body_bytes: int = DEFAULT_MAX_BODY_B
         """
         return json_response(service.get_request(who, job_id, request_id, wait_s))
 
-    _install_security(app)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    install_openapi(app, _declare_security)
+    app.add_middleware(BodyLimit, limit=max_body_bytes, advice=CHUNK_ADVICE)
     return app
 
 
-def _install_security(app: FastAPI) -> None:
-    """Declare the bearer token (and the optional token-type header) in the OpenAPI document."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
-        )
-        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
-        schemes["bearer"] = {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "a user's personal access token from the server's --tokens file",
-        }
-        for path, methods in schema["paths"].items():
-            for operation in methods.values():
-                operation["security"] = [] if path == "/health" else [{"bearer": []}]
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+def _declare_security(schema: dict[str, Any]) -> None:
+    """Declare the bearer token in the OpenAPI document: every route but /health needs it."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["bearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a user's personal access token from the server's --tokens file",
+    }
+    for path, methods in schema["paths"].items():
+        for operation in methods.values():
+            operation["security"] = [] if path == "/health" else [{"bearer": []}]
 
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "build_app", "error_response", "json_response"]

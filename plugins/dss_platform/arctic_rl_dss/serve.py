@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.api import ArcticRLError, is_loopback, listening_socket
+from arctic_platform.rl.api import (
+    ArcticRLError,
+    is_loopback,
+    serve_http,
+    server_socket,
+    stop_on_signals,
+)
 from arctic_rl_dss.users import Users
 
 logger = logging.getLogger(__name__)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    try:
-        sock = listening_socket(host, port, 2048)
-    except OSError as exc:
-        raise ArcticRLError(f"cannot listen on {host}:{port}: {exc}") from exc
-    return sock
 
 
 def serve_platform(
@@ -37,8 +33,6 @@ def serve_platform(
     **_: Any,
 ) -> int:
     """Serve the platform API until SIGTERM/SIGINT; returns the process exit code."""
-    import uvicorn
-
     from arctic_platform.rl.api import RLServer, arctic_home
     from arctic_rl_dss.app import build_app
     from arctic_rl_dss.service import PlatformService
@@ -46,7 +40,7 @@ def serve_platform(
 
     try:
         users = Users.load(tokens_file)
-        sock = _bind(host, port)
+        sock = server_socket(host, port)
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -61,24 +55,11 @@ def serve_platform(
     rl = RLServer(root, num_gpus=num_gpus, ray_auto_attach=False, op_timeout=op_timeout)
     store = Store(root / "platform.sqlite3")
     service = PlatformService(rl, store, users)
-    config = uvicorn.Config(
-        build_app(service),
-        log_level=log_level,
-        access_log=log_level == "debug",
-        lifespan="off",
-        server_header=False,
-        timeout_keep_alive=75,
-    )
-    server = uvicorn.Server(config)
-
-    def _stop(signum: int, _frame: object) -> None:
-        server.should_exit = True
-
     pid_file = root / "platform.pid"
+    stop = threading.Event()
     try:
-        rl.start()
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+        rl.start()  # Ray's start puts its own SIGTERM handler in: ours go in after it
+        stop_on_signals(stop)
         pid_file.write_text(str(os.getpid()))
         logger.info(
             "Arctic RL platform on %s:%s for %d user(s), run dir %s",
@@ -87,7 +68,15 @@ def serve_platform(
             len(users.users),
             root,
         )
-        server.run(sockets=[sock])
+        serve_http(
+            build_app(service),
+            host,
+            port,
+            sock=sock,
+            stop=stop,
+            log_level=log_level,
+            name="platform server",
+        )
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -95,7 +84,6 @@ def serve_platform(
         service.close()
         rl.close()
         store.close()
-        with contextlib.suppress(OSError):
-            sock.close()
+        sock.close()
         pid_file.unlink(missing_ok=True)
     return 0

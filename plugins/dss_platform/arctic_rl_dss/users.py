@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arctic_platform.rl.api import ArcticRLError, AuthError
+from arctic_platform.rl.api import BEARER_REFUSED, ArcticRLError, AuthError, bearer_token
 from arctic_rl_dss.models import TOKEN_TYPE, TOKEN_TYPE_HEADER
 
 logger = logging.getLogger(__name__)
@@ -25,9 +25,11 @@ MIN_TOKEN_LENGTH = 16
 
 
 class TokensFileError(ArcticRLError):
-    """A ``--tokens`` file that cannot be read or is malformed."""
+    """A ``--tokens`` file that cannot be read or is malformed (the operator's mistake)."""
 
+    status = 422
     code = "bad_tokens_file"
+    remedy = "Fix the tokens file as the message says (JSON: users with name and token)."
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,11 @@ class Users:
         """The user whose token is in ``Authorization: Bearer <token>``; AuthError otherwise."""
         if token_type is not None and token_type.strip().upper() != TOKEN_TYPE:
             raise AuthError(f"{TOKEN_TYPE_HEADER} must be {TOKEN_TYPE!r} when given")
-        scheme, _, supplied = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not supplied.strip():
-            raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'")
-        digest = _digest(supplied.strip())
+        digest = _digest(bearer_token(authorization))
         found: User | None = None
         for user in self.users:  # look at every user so timing does not tell which matched
             if hmac.compare_digest(digest, user.digest):
                 found = user
         if found is None:
-            raise AuthError("the bearer token was refused")
+            raise AuthError(BEARER_REFUSED)
         return found

@@ -6,14 +6,12 @@ auth, size limits, body decoding (JSON or safetensors frame) and error mapping.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -21,14 +19,15 @@ from starlette.responses import Response
 from arctic_platform.rl.api import (
     FRAME_CONTENT_TYPE,
     OPERATIONS,
-    AuthError,
     InvalidRequestError,
     Operation,
     RLServer,
+    TokenGuard,
     __version__,
     decode_frame,
     encode_frame,
     http_common,
+    install_openapi,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,27 +75,16 @@ class _Endpoint:
     """The handler of one operation's route."""
 
     def __init__(
-        self, op: Operation, server: RLServer, token: str | None, max_request_bytes: int
+        self, op: Operation, server: RLServer, guard: TokenGuard, max_request_bytes: int
     ) -> None:
         self.op = op
         self.server = server
-        self.token = token.encode() if token is not None else None
+        self.guard = guard
         self.max_request_bytes = max_request_bytes
-        self.open = op.path in OPEN_PATHS
-
-    def _check_token(self, request: Request) -> None:
-        if self.token is None or self.open:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, supplied = header.partition(" ")
-        if scheme.lower() != "bearer" or not supplied:
-            raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'")
-        if not hmac.compare_digest(supplied.strip().encode(), self.token):
-            raise AuthError("the bearer token was refused")
 
     async def __call__(self, request: Request) -> Response:
         try:
-            self._check_token(request)
+            self.guard.check(request.headers, self.op.path)
             payload: dict[str, Any] = {}
             if self.op.method != "GET":
                 body = await http_common.read_body(request, self.max_request_bytes)
@@ -167,25 +155,14 @@ def _openapi_extra(op: Operation) -> dict[str, Any]:
     return extra
 
 
-def _install_openapi(app: FastAPI) -> None:
-    """OpenAPI whose request schemas are the operations' pydantic request models."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
-        )
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components["Error"] = _ERROR_SCHEMA
-        for op in OPERATIONS:
-            model_schema = op.request.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(model_schema.pop("$defs", {}))
-            components[op.request.__name__] = model_schema
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+def _add_schemas(schema: dict[str, Any]) -> None:
+    """The error body and every operation's pydantic request model as component schemas."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["Error"] = _ERROR_SCHEMA
+    for op in OPERATIONS:
+        model_schema = op.request.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(model_schema.pop("$defs", {}))
+        components[op.request.__name__] = model_schema
 
 
 def build_app(
@@ -200,11 +177,12 @@ def build_app(
         description="JSON control and safetensors frames (application/octet-stream) over HTTP. "
         "Every route but /health needs 'Authorization: Bearer <token>'.",
     )
+    guard = TokenGuard(token, open_paths=OPEN_PATHS)
     for op in OPERATIONS:
         doc = (op.request.__doc__ or "").strip().splitlines()
         app.add_api_route(
             op.path,
-            _Endpoint(op, server, token, max_request_bytes),
+            _Endpoint(op, server, guard, max_request_bytes),
             methods=[op.method],
             name=op.name,
             operation_id=op.name,
@@ -214,7 +192,7 @@ def build_app(
             openapi_extra=_openapi_extra(op),
             include_in_schema=True,
         )
-    _install_openapi(app)
+    install_openapi(app, _add_schemas)
 
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

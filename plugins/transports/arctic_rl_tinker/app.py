@@ -8,7 +8,6 @@ answer ``{"error", "category"}`` with a 4xx/5xx status; the key is never logged 
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -17,11 +16,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from arctic_platform.rl.api import ArcticRLError, AuthError, InvalidRequestError, __version__
+from arctic_platform.rl.api import (
+    ArcticRLError,
+    BodyLimit,
+    GuardLayer,
+    InvalidRequestError,
+    TokenGuard,
+    __version__,
+)
 from arctic_rl_tinker.frontend import TinkerFrontend
 from arctic_rl_tinker.futures import Future
 
@@ -210,41 +215,23 @@ def _accepted(future: Future, **extra: Any) -> Response:
     return _json({"request_id": future.request_id, **extra})
 
 
-class _Guard:
-    """The API key and body-size checks before any route, as a plain ASGI layer (Starlette's
-    ``BaseHTTPMiddleware`` adds a task and a body stream per request)."""
-
-    def __init__(self, app: Any, expected: bytes | None) -> None:
-        self.app = app
-        self.expected = expected
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            try:
-                self._check(Headers(scope=scope), scope["path"])
-            except ArcticRLError as exc:
-                await _error(getattr(exc, "status", 400), str(exc))(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _check(self, headers: Headers, path: str) -> None:
-        if self.expected is not None and path not in OPEN_PATHS:
-            supplied = headers.get("x-api-key", "")
-            if not supplied:
-                raise AuthError("missing X-API-Key header (set TINKER_API_KEY)")
-            if not hmac.compare_digest(supplied.encode(), self.expected):
-                raise AuthError("the API key was refused")
-        size = headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-            raise _HttpError(413, f"the body is over {MAX_BODY_BYTES} bytes")
+def _refusal(exc: ArcticRLError) -> Response:
+    """A guard's refusal (401 key, 413 body) as a Tinker error body."""
+    return _error(exc.status, str(exc))
 
 
 def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
     """The Tinker REST app over ``frontend``; ``token`` None disables the key check."""
     app = FastAPI(title="Arctic RL: Tinker API", version=__version__, docs_url=None)
-    expected = token.encode() if token is not None else None
-
-    app.add_middleware(_Guard, expected=expected)
+    key = TokenGuard(
+        token,
+        header="x-api-key",
+        open_paths=OPEN_PATHS,
+        missing="missing X-API-Key header (set TINKER_API_KEY)",
+        refused="the API key was refused",
+    )
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, respond=_refusal)
+    app.add_middleware(GuardLayer, guard=key, respond=_refusal)  # outermost: the key first
 
     def route(path: str, method: str = "POST") -> Any:
         def wrap(handler: Any) -> Any:
