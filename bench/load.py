@@ -14,6 +14,7 @@ model), runs 8 x 50, prints the figures and writes ``bench/load_results.md``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import statistics
@@ -22,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.timing import paired, timed
 
 HERE = Path(__file__).resolve().parent
 TAG_BASE = 50
@@ -127,19 +130,22 @@ def drive(
     url = urlsplit(base_url)
     solo = HttpTransport(str(url.hostname), int(url.port or 80), token, timeout=deadline)
     params = {"n": 1, "max_tokens": max_tokens, "temperature": 0.0}
-    solo_seconds = []
-    for i in range(solo_requests + 1):
-        started = time.perf_counter()
-        solo.call(
-            "generate", {"job_id": job_id, "prompts": [tag(9999, i)], "sampling_params": params}
-        )
-        if i:  # the first is a warm-up
-            solo_seconds.append(time.perf_counter() - started)
+    tags = itertools.count()
+
+    def one_alone() -> None:
+        prompts = [tag(9999, next(tags))]
+        solo.call("generate", {"job_id": job_id, "prompts": prompts, "sampling_params": params})
+
     # the same prompts in one request: what the engine does with all of them batched
     every = [tag(p, i) for p in range(processes) for i in range(concurrency)]
-    started = time.perf_counter()
-    solo.call("generate", {"job_id": job_id, "prompts": every, "sampling_params": params})
-    batched_seconds = time.perf_counter() - started
+
+    def all_batched() -> None:
+        solo.call("generate", {"job_id": job_id, "prompts": every, "sampling_params": params})
+
+    solo_seconds: list[float] = []  # the first request alone is a warm-up
+    if solo_requests:
+        solo_seconds = paired({"solo": one_alone}, solo_requests, warmup=1).values("solo")
+    batched_seconds = timed(all_batched).wall
     solo.close()
 
     counted_before, errors_before = _server_count(base_url, token)
