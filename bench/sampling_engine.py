@@ -17,6 +17,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench.timing import Side, paired
+
 
 def _prompts(count: int) -> list[str]:
     words = "the sum of digits is one two three answer number write give".split()
@@ -40,6 +42,14 @@ def run(
 
             model = str(build_tiny_model(os.path.join(tmp, "tiny-llama")))
         return _run(model, prompts, n, max_tokens, repeats)
+
+
+def _our_tokens(out: list[dict[str, Any]]) -> dict[str, float]:
+    return {"tokens": sum(len(c["token_ids"]) for r in out for c in r["completions"])}
+
+
+def _direct_tokens(out: list[Any]) -> dict[str, float]:
+    return {"tokens": sum(len(c.token_ids) for r in out for c in r.outputs)}
 
 
 def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dict[str, Any]:
@@ -68,40 +78,29 @@ def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dic
     direct_start = time.monotonic() - started
     direct_params = SamplingParams(**params, logprobs=0)
 
-    def time_ours() -> tuple[float, float, int]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = ours.generate(texts, params)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return seconds, cpu, sum(len(c["token_ids"]) for r in out for c in r["completions"])
-
-    def time_direct() -> tuple[float, float, int]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = direct.generate(texts, direct_params, use_tqdm=False)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return seconds, cpu, sum(len(c.token_ids) for r in out for c in r.outputs)
-
     try:
-        for _ in range(2):  # warm-up: the first calls are slow
-            time_ours()
-            time_direct()
-        ours_tps: list[float] = []
-        direct_tps: list[float] = []
-        ours_cpu: list[float] = []
-        direct_cpu: list[float] = []
-        for i in range(repeats):
-            order = (time_ours, time_direct) if i % 2 == 0 else (time_direct, time_ours)
-            for fn in order:
-                seconds, cpu, tokens = fn()
-                (ours_tps if fn is time_ours else direct_tps).append(tokens / seconds)
-                (ours_cpu if fn is time_ours else direct_cpu).append(tokens / cpu)
+        timing = paired(
+            {
+                "ours": Side(lambda: ours.generate(texts, params), measure=_our_tokens),
+                "direct": Side(
+                    lambda: direct.generate(texts, direct_params, use_tqdm=False),
+                    measure=_direct_tokens,
+                ),
+            },
+            repeats,
+            warmup=2,  # the first calls are slow
+        )
     finally:
         ours.close()
         direct.llm_engine.engine_core.shutdown()
-    ours_median = statistics.median(ours_tps)
-    direct_median = statistics.median(direct_tps)
+    # tokens per second of wall time and per CPU-second of this process, call by call
+    tps = {side: timing.per(side, "tokens") for side in timing.sides}
+    per_cpu = {side: timing.per(side, "tokens", "cpu") for side in timing.sides}
+    ours_median = statistics.median(tps["ours"])
+    direct_median = statistics.median(tps["direct"])
     # Each repeat times both back to back: the ratio within a pair cancels slow drifts in
     # machine load, so its median is the headline number.
-    pair_ratios = [a / b for a, b in zip(ours_tps, direct_tps, strict=True)]
+    pair_ratios = [a / b for a, b in zip(tps["ours"], tps["direct"], strict=True)]
     return {
         "workload": {"prompts": prompts, "n": n, "max_tokens": max_tokens, "repeats": repeats},
         "device": "cuda" if torch.cuda.is_available() else "cpu",
@@ -109,14 +108,11 @@ def _run(model: str, prompts: int, n: int, max_tokens: int, repeats: int) -> dic
         "in_process": ours.in_process,
         "start_seconds": {"ours": ours.start_seconds, "direct": direct_start},
         "tokens_per_second": {"ours": ours_median, "direct": direct_median},
-        "samples": {"ours": ours_tps, "direct": direct_tps},
+        "samples": tps,
         "pair_ratios": pair_ratios,
         # Tokens per CPU-second of this process: insensitive to other processes on the machine.
-        "tokens_per_cpu_second": {
-            "ours": statistics.median(ours_cpu),
-            "direct": statistics.median(direct_cpu),
-        },
-        "cpu_ratio": statistics.median(ours_cpu) / statistics.median(direct_cpu),
+        "tokens_per_cpu_second": {side: statistics.median(v) for side, v in per_cpu.items()},
+        "cpu_ratio": statistics.median(per_cpu["ours"]) / statistics.median(per_cpu["direct"]),
         "ratio_of_medians": ours_median / direct_median,
         "ratio": statistics.median(pair_ratios),
     }

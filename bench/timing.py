@@ -82,6 +82,10 @@ class Paired(BaseModel):
         """``key`` of every sample of ``side``."""
         return [s.value(key) for s in self.samples(side)]
 
+    def per(self, side: str, figure: str, key: str = "wall") -> list[float]:
+        """``figure / key`` of every sample of ``side`` (e.g. tokens per wall second)."""
+        return [s.value(figure) / s.value(key) for s in self.samples(side)]
+
     def median(self, side: str, key: str = "wall") -> float:
         """The median of ``key`` over every sample of ``side``."""
         return statistics.median(self.values(side, key))

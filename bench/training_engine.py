@@ -13,11 +13,11 @@ import argparse
 import json
 import os
 import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from bench.timing import paired
 
 
 def make_batch(rows: int, min_len: int, max_len: int, vocab: int, seed: int = 0) -> dict:
@@ -145,22 +145,11 @@ def run(
     def bare_step() -> None:
         _bare_step(bare, tensors)
 
-    for _ in range(2):  # warm-up: allocator, first-call paths
-        ours_step()
-        bare_step()
-    times: dict[str, list[float]] = {"ours": [], "bare": []}
-    for r in range(rounds):
-        order = [("ours", ours_step), ("bare", bare_step)]
-        if r % 2:
-            order.reverse()
-        for name, fn in order:
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
+    # warm-up (allocator, first-call paths): 2 steps a side; then ``steps`` steps a side a round
+    timing = paired({"ours": ours_step, "bare": bare_step}, rounds, warmup=2, calls=steps)
     ours.close()
     bare.destroy()
-    ours_s, bare_s = statistics.median(times["ours"]), statistics.median(times["bare"])
+    ours_s, bare_s = timing.median("ours"), timing.median("bare")
     return {
         "benchmark": "training_engine",
         "zero_stage": stage,
@@ -168,10 +157,11 @@ def run(
         "batch_rows": rows,
         "batch_tokens": sum(len(r) for r in batch["input_ids"]),
         "threads": torch.get_num_threads(),
-        "steps_timed": len(times["ours"]),
+        "steps_timed": len(timing.samples("ours")),
         "ours_step_s": ours_s,
         "bare_step_s": bare_s,
         "ratio": ours_s / bare_s,
+        "paired_ratio": timing.ratio("ours", "bare"),  # median of the rounds' ratios
         "goal": 1.05,
     }
 

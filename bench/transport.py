@@ -54,8 +54,7 @@ def _paired(
     }
     if worker_seconds:
         out["worker_s"] = timing.median("through", "worker")
-        over = [s.wall / s.counters["worker"] for s in timing.samples("through")]
-        out["over_worker"] = statistics.median(over)
+        out["over_worker"] = statistics.median(timing.per("through", "wall", "worker"))
     return out
 
 

@@ -7,7 +7,8 @@ tensors, packed into buckets) through the coordinator at bucket sizes 16/64/256 
 mix with the shapes of a Llama-style model (almost nothing to pack) at the default bucket
 size, with the pair worlds
 and buffers kept between syncs as a worker keeps them. The variants alternate within each
-repetition (the slower side of the pair times a transfer); GB/s from the median time, and
+repetition, the order reversed every other one (``bench.timing.paired``; the slower side of
+the pair times a transfer); GB/s from the median time, and
 the ratio as the median over repetitions of flat time / our time in the same repetition.
 
 The cross-node case (``run_cross_node``, needs root) does the same between two "hosts" of
@@ -21,26 +22,22 @@ address, a pair secret), alternating within each repetition.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.timing import Paired, paired
 
 MiB = 1024 * 1024
 REPO = Path(__file__).resolve().parent.parent
 CROSS_PORTS = {"flat": 29500, "ws": 29600}  # free: each namespace has its own port space
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _weights(total_bytes: int, device: str) -> list[tuple[str, Any]]:
@@ -145,32 +142,33 @@ def _side(
         channels=ChannelCache(),
     )
 
-    def timed(fn: Any) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
+    def synced(fn: Callable[[], Any]) -> Callable[[], None]:
+        def call() -> None:
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
 
-    # variants alternate within each repetition, so a busy moment on this shared machine
-    # hits all of them alike
-    times: dict[str, list[float]] = {"flat": []}
-    for rep in range(reps):
-        times["flat"].append(timed(lambda: dist.broadcast(flat, 0)))
-        for size, coord in coords.items():
-            if rank == 0:
-                seconds = timed(lambda c=coord, v=rep: c.send(0, weights or [], version=v))
-            else:
-                seconds = timed(lambda c=coord: c.receive(0, 0, device=device))
-            times.setdefault(f"{size // MiB}", []).append(seconds)
-        if rank == 0:
-            seconds = timed(lambda v=rep: llama_coord.send(0, llama or [], version=v))
-        else:
-            seconds = timed(lambda: llama_coord.receive(0, 0, device=device))
-        times.setdefault("llama", []).append(seconds)
-    results.put((role, {"bytes": nbytes, "times": times}))
+        return call
+
+    sides = {"flat": synced(lambda: dist.broadcast(flat, 0))}
+    for size, coord in coords.items():
+        sides[f"{size // MiB}"] = synced(_transfer(coord, rank, weights, device))
+    sides["llama"] = synced(_transfer(llama_coord, rank, llama, device))
+    # variants alternate within each repetition (the order reversed every other one), so a
+    # busy moment on this shared machine hits all of them alike; both ends run the same order
+    timing = paired(sides, reps, before=dist.barrier)
+    results.put((role, {"bytes": nbytes, "timing": timing.model_dump()}))
     dist.destroy_process_group()
+
+
+def _transfer(
+    coord: Any, rank: int, weights: list[tuple[str, Any]] | None, device: str
+) -> Callable[[], Any]:
+    """One sync through ``coord``: the sender sends the next version, the receiver receives."""
+    versions = itertools.count()
+    if rank == 0:
+        return lambda: coord.send(0, weights or [], version=next(versions))
+    return lambda: coord.receive(0, 0, device=device)
 
 
 def run(
@@ -199,10 +197,12 @@ def run_local(
         import torch
 
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "cpu"
+    from arctic_platform.rl.testing import free_port
+
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    base = _port()
-    ports = {"flat": _port(), "ws": base if base < 60000 else 40000}
+    base = free_port()
+    ports = {"flat": free_port(), "ws": base if base < 60000 else 40000}
     sizes = [m * MiB for m in bucket_mib]
     procs = [
         ctx.Process(target=_side, args=(role, total_bytes, sizes, ports, device, reps, results))
@@ -214,13 +214,8 @@ def run_local(
     for p in procs:
         p.join(timeout=60)
     nbytes = got["sender"]["bytes"]
-
-    def each(key: str) -> list[float]:
-        # a transfer takes as long as its slower side
-        pairs = zip(got["sender"]["times"][key], got["receiver"]["times"][key], strict=True)
-        return [max(a, b) for a, b in pairs]
-
-    flat = each("flat")
+    timing = _slowest(got)
+    flat = timing.values("flat")
     report: dict[str, Any] = {
         "device": device,
         "backend": "nccl" if device == "cuda" else "gloo",
@@ -229,20 +224,26 @@ def run_local(
         "flat_broadcast_gbps": nbytes / statistics.median(flat) / 1e9,
         "flat_broadcast_best_gbps": nbytes / min(flat) / 1e9,
         "buckets": {},
-        "seconds_per_rep": {k: [round(t, 4) for t in each(k)] for k in got["sender"]["times"]},
+        "seconds_per_rep": {k: [round(t, 4) for t in timing.values(k)] for k in timing.sides},
     }
     for m in [*bucket_mib, "llama"]:
-        ours = each(str(m))
+        ours = timing.values(str(m))
         key = f"{m} MiB" if m != "llama" else "Llama-shaped mix, default buckets"
         report["buckets"][key] = {
             "gbps": nbytes / statistics.median(ours) / 1e9,
             "best_gbps": nbytes / min(ours) / 1e9,
             # paired: each repetition's flat run against the same repetition's run of ours,
             # back to back, so a busy moment on this shared machine hits both
-            "ratio_vs_flat": statistics.median(f / o for f, o in zip(flat, ours, strict=True)),
+            "ratio_vs_flat": timing.ratio("flat", str(m)),
             "best_ratio_vs_flat": min(flat) / min(ours),
         }
     return report
+
+
+def _slowest(got: dict[str, Any]) -> Paired:
+    """Both ends' timings as one: a transfer takes as long as its slower end."""
+    ends = [Paired.model_validate(got[role]["timing"]) for role in ("sender", "receiver")]
+    return Paired.slowest(ends)
 
 
 def _coordinator_kwargs(role: str, sender_ip: str, own_ip: str) -> dict[str, Any]:
@@ -287,20 +288,13 @@ def _cross_side(role: str, total_bytes: int, sender_ip: str, own_ip: str, reps: 
         **_coordinator_kwargs(role, sender_ip, own_ip),
     )
 
-    def timed(fn: Any) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-    times: dict[str, list[float]] = {"flat": [], "ours": []}
-    for rep in range(reps):
-        times["flat"].append(timed(lambda: dist.broadcast(flat, 0)))
-        if rank == 0:
-            times["ours"].append(timed(lambda v=rep: coord.send(0, weights or [], version=v)))
-        else:
-            times["ours"].append(timed(lambda: coord.receive(0, 0, device="cpu")))
-    print("RESULT " + json.dumps({"role": role, "bytes": nbytes, "times": times}), flush=True)
+    sides = {
+        "flat": lambda: dist.broadcast(flat, 0),
+        "ours": _transfer(coord, rank, weights, "cpu"),
+    }
+    timing = paired(sides, reps, before=dist.barrier)
+    result = {"role": role, "bytes": nbytes, "timing": timing.model_dump()}
+    print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 
@@ -339,11 +333,8 @@ def run_cross_node(total_bytes: int = 1024 * MiB, reps: int = 7) -> dict[str, An
                 raise RuntimeError(f"cross-node {role} exited with {proc.returncode}:\n{tail}")
             got[role] = json.loads(lines[-1][len("RESULT ") :])
 
-    def each(key: str) -> list[float]:
-        pairs = zip(got["sender"]["times"][key], got["receiver"]["times"][key], strict=True)
-        return [max(a, b) for a, b in pairs]
-
-    flat, ours = each("flat"), each("ours")
+    timing = _slowest(got)
+    flat, ours = timing.values("flat"), timing.values("ours")
     nbytes = got["sender"]["bytes"]
     return {
         "link": "veth pair + bridge between two network namespaces",
@@ -352,7 +343,7 @@ def run_cross_node(total_bytes: int = 1024 * MiB, reps: int = 7) -> dict[str, An
         "reps": reps,
         "flat_broadcast_gbps": nbytes / statistics.median(flat) / 1e9,
         "coordinator_gbps": nbytes / statistics.median(ours) / 1e9,
-        "ratio_vs_flat": statistics.median(f / o for f, o in zip(flat, ours, strict=True)),
+        "ratio_vs_flat": timing.ratio("flat", "ours"),
         "best_ratio_vs_flat": min(flat) / min(ours),
         "seconds_per_rep": {
             "flat": [round(t, 4) for t in flat],

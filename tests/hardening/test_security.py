@@ -7,6 +7,7 @@ serve off loopback without a token, the body size limit) is not repeated here.
 from __future__ import annotations
 
 import hmac
+import os
 import pickle
 import re
 import stat
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from support.leaks import files_holding
 
 from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE
 
@@ -63,6 +65,15 @@ def test_token_files_in_the_run_dir_are_readable_by_the_owner_only(live):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
+def _ray_session_logs(live) -> list[Path]:
+    """The ``logs`` folder of each Ray session of the server's local cluster (see
+    ``ray_cluster.start_or_attach``: ``$ARCTIC_RL_RAY_TMP/arctic-rl-ray-<server pid>``)."""
+    temp = Path(os.environ.get("ARCTIC_RL_RAY_TMP", "/tmp")) / f"arctic-rl-ray-{live.pid}"
+    logs = sorted({p.resolve() for p in temp.glob("session_*/logs")})
+    assert logs and any(p.is_file() for p in logs[0].rglob("*")), f"no Ray session logs in {temp}"
+    return logs
+
+
 def test_no_answer_or_log_reveals_the_token(live):
     with live.http() as http:
         job = live.job_ids["training"]
@@ -75,8 +86,19 @@ def test_no_answer_or_log_reveals_the_token(live):
     for body in bodies:
         assert live.token not in body
     assert wrong not in refused.text, "a refused token is echoed back"
-    log = live.run_dir / "server.log"
-    assert log.is_file() and live.token not in log.read_text(errors="replace")
+    # every file a token could reach: the run dir (server log, job table and its change log,
+    # job logs), the client's ARCTIC_RL_HOME around it, Ray's session logs; not the token
+    # files themselves
+    for written in ("server.log", "job_table.json"):
+        assert (live.run_dir / written).is_file(), written
+    secrets = {"the server token": live.token, "the wrong token": wrong}
+    ray_token = live.run_dir / "ray_auth_token"
+    if ray_token.is_file():
+        secrets["the Ray token"] = ray_token.read_text().strip()
+    token_files = {(live.run_dir / "token").resolve(), ray_token.resolve()}
+    roots = [live.run_dir, live.home, *_ray_session_logs(live)]
+    leaks = files_holding(secrets, roots, skip=token_files.__contains__)
+    assert not leaks, f"a token was written to a file: {leaks}"
 
 
 def test_status_names_no_path_outside_the_run_dir_but_the_model(live):

@@ -72,6 +72,7 @@ from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
     BackendSpec,
+    CommandSpec,
     EngineSpec,
     LossSpec,
     TransportSpec,
@@ -164,6 +165,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ClientTransport",
+    "CommandSpec",
     "DuplicatePluginError",
     "EmptyRequest",
     "Engine",

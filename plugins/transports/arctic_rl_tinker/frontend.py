@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from arctic_platform.rl.api import ArcticRLError, InvalidRequestError, JobError, RLServer
@@ -29,11 +28,19 @@ from arctic_rl_tinker.futures import (
     run_into,
 )
 from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
+from arctic_rl_tinker.records import (
+    SESSION_TTL,
+    Gpus,
+    Model,
+    Sampler,
+    SessionGoneError,
+    StaleWeightsError,
+    UnknownIdError,
+)
+from arctic_rl_tinker.sample_requests import SampleItem, prompt_tokens, sampling_params
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 128
-"""Tokens sampled when a request leaves ``max_tokens`` unset."""
 SAMPLE_QUIET = 0.003
 """Seconds a sampler's open batch waits for one more asample before it goes to ``generate``."""
 SAMPLE_WINDOW = 0.025
@@ -41,72 +48,6 @@ SAMPLE_WINDOW = 0.025
 prompts as separate requests, which arrive a few ms apart)."""
 MAX_SAMPLE_BATCH = 256
 """Most prompts in one shared ``generate``."""
-SESSION_TTL = 120.0
-"""Seconds without a heartbeat (the SDK beats every 10 s) after which a session's models go."""
-
-
-class SessionGoneError(InvalidRequestError):
-    """A session that finished or expired (the SDK stops its heartbeat on 410)."""
-
-    status = 410
-    code = "session_finished"
-
-
-class UnknownIdError(InvalidRequestError):
-    """A session, model, sampler, request or ``tinker://`` path this server does not know."""
-
-    status = 404
-    code = "not_found"
-
-
-class StaleWeightsError(InvalidRequestError):
-    """A sampler opened on weights that a newer ``save_weights_for_sampler`` replaced."""
-
-    status = 409
-    code = "stale_weights"
-
-
-@dataclass
-class Model:
-    """A Tinker training model: our training job and the sampling job it syncs into."""
-
-    model_id: str
-    base_model: str
-    lane: Lane
-    session_id: str = ""
-    lora_rank: int | None = None
-    training_job: int | None = None
-    sampling_job: int | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
-
-
-@dataclass
-class Sampler:
-    """A sampling session: a sampling job and the weight version it was opened on."""
-
-    sampler_id: str
-    base_model: str
-    job_id: int
-    version: int
-    model_path: str | None = None
-
-
-@dataclass(frozen=True)
-class Gpus:
-    """GPUs of the jobs behind each model (from ``serve --num-gpus``)."""
-
-    training: int = 1
-    sampling: int = 1
-    colocate: bool = True
-
-    @classmethod
-    def from_total(cls, total: int) -> Gpus:
-        """Half for training and half for sampling; one shared bundle below two GPUs."""
-        if total < 2:
-            return cls(1, 1, True)
-        training = total // 2
-        return cls(training, total - training, False)
 
 
 class TinkerFrontend:
@@ -532,7 +473,7 @@ class TinkerFrontend:
         if want_prompt:
             params["prompt_logprobs"] = True
         future = self.futures.new("sample")
-        item = _SampleItem(sampler, prompt, future, want_prompt, last_n)
+        item = SampleItem(sampler, prompt, future, want_prompt, last_n)
         if params.get("seed") is not None:  # seeds go per prompt in a batch: never shared
             self._pool.submit(self._run_samples, params, [item])
         else:
@@ -540,10 +481,10 @@ class TinkerFrontend:
             self._samples.add(key, (params, item))
         return future
 
-    def _dispatch_samples(self, _: Any, batch: list[tuple[dict[str, Any], _SampleItem]]) -> None:
+    def _dispatch_samples(self, _: Any, batch: list[tuple[dict[str, Any], SampleItem]]) -> None:
         self._run_samples(batch[0][0], [item for _, item in batch])
 
-    def _run_samples(self, params: dict[str, Any], items: list[_SampleItem]) -> None:
+    def _run_samples(self, params: dict[str, Any], items: list[SampleItem]) -> None:
         """One ``generate`` for the prompts of ``items`` (one sampling job and weight version,
         the same parameters); if it refuses them, each prompt alone, so that a bad prompt
         fails only its own request."""
@@ -577,78 +518,13 @@ class TinkerFrontend:
             run_into(item.future, functools.partial(item.outcome, output))
 
 
-@dataclass
-class _SampleItem:
-    """One asample request waiting for its share of a ``generate``."""
-
-    sampler: Sampler
-    prompt: list[int]
-    future: Future
-    want_prompt: bool
-    last_n: int | None
-
-    def stale(self, serving: Any) -> StaleWeightsError:
-        """The error for a sampler whose job now serves newer weights."""
-        sampler = self.sampler
-        return StaleWeightsError(
-            f"sampler {sampler.sampler_id} was opened on weight version {sampler.version} "
-            f"({sampler.model_path or sampler.base_model}); the sampling job now serves "
-            f"version {serving}: open a sampler on the newer save_weights_for_sampler path"
-        )
-
-    def outcome(self, output: dict[str, Any]) -> Outcome:
-        """This prompt's completions (and prompt log-probs, when asked) as a SampleResponse."""
-        prompt_lps = output.get("prompt_logprobs") if self.want_prompt else None
-        if prompt_lps is not None and self.last_n is not None:
-            keep = int(self.last_n)
-            prompt_lps = [None] * (len(prompt_lps) - keep) + list(prompt_lps[-keep:])
-        return Outcome(proto=convert.sample_output(output["completions"], prompt_lps))
-
-
-def prompt_tokens(prompt: Any) -> list[int]:
-    """The token ids of a JSON ModelInput (encoded_text chunks only)."""
-    if not isinstance(prompt, dict) or not isinstance(prompt.get("chunks"), list):
-        raise InvalidRequestError("prompt must be a ModelInput: {'chunks': [...]}")
-    tokens: list[int] = []
-    for i, chunk in enumerate(prompt["chunks"]):
-        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-            raise InvalidRequestError(f"prompt chunk {i}: only encoded_text chunks are supported")
-        values = chunk.get("tokens")
-        if not isinstance(values, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in values
-        ):
-            raise InvalidRequestError(f"prompt chunk {i}: tokens must be non-negative integers")
-        tokens.extend(values)
-    if not tokens:
-        raise InvalidRequestError("prompt has no tokens")
-    return tokens
-
-
-def sampling_params(given: dict[str, Any]) -> dict[str, Any]:
-    """Tinker's SamplingParams as our generate's ``sampling_params``."""
-    if not isinstance(given, dict):
-        raise InvalidRequestError("sampling_params must be an object")
-    out: dict[str, Any] = {"max_tokens": given.get("max_tokens") or DEFAULT_MAX_TOKENS}
-    for key in ("seed", "temperature", "top_p"):
-        if given.get(key) is not None:
-            out[key] = given[key]
-    if given.get("top_k") is not None:
-        out["top_k"] = given["top_k"]
-    stop = given.get("stop")
-    if isinstance(stop, str):
-        out["stop"] = [stop]
-    elif isinstance(stop, list):
-        if not stop:
-            out["ignore_eos"] = True  # Tinker: [] disables every stop, EOS included
-        elif all(isinstance(s, str) for s in stop):
-            out["stop"] = list(stop)
-        elif all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
-            out["stop_token_ids"] = list(stop)
-        else:
-            raise InvalidRequestError("sampling_params.stop mixes strings and token ids")
-    elif stop is not None:
-        raise InvalidRequestError("sampling_params.stop must be a string or a list")
-    return out
-
-
-__all__ = ["Gpus", "TinkerFrontend", "UnknownIdError", "failure"]
+__all__ = [
+    "Gpus",
+    "Model",
+    "Sampler",
+    "SessionGoneError",
+    "StaleWeightsError",
+    "TinkerFrontend",
+    "UnknownIdError",
+    "failure",
+]

@@ -127,6 +127,25 @@ def test_counters_change_over_the_call_only() -> None:
     assert sample.value("tokens") == 8
 
 
+def test_per_divides_a_figure_by_wall_or_cpu() -> None:
+    clock, cpu = FakeClock(), FakeClock()
+
+    def call() -> dict[str, float]:
+        clock.now += 2.0
+        cpu.now += 4.0
+        return {"tokens": 8.0}
+
+    result = paired(
+        {"a": Side(call, measure=lambda out: out)},
+        repeats=2,
+        clock=clock,
+        cpu_clock=cpu,
+        load=lambda: 0.0,
+    )
+    assert result.per("a", "tokens") == [4.0, 4.0]
+    assert result.per("a", "tokens", "cpu") == [2.0, 2.0]
+
+
 def test_before_runs_outside_the_window() -> None:
     clock, log = FakeClock(), []
 

@@ -1,0 +1,34 @@
+"""Find secrets (tokens) written to files: every file under some folders, read as bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+
+def files_holding(
+    secrets: Mapping[str, str],
+    roots: Iterable[Path],
+    skip: Callable[[Path], bool] = lambda path: False,
+) -> list[str]:
+    """``'<secret name> in <file>'`` for each file under ``roots`` (recursively; a file reached
+    twice through links is read once) that holds a secret, except where ``skip(path)``.
+
+    Every root must be an existing folder, so a scan cannot pass by reading nothing.
+    """
+    found: list[str] = []
+    seen: set[Path] = set()
+    wanted = {name: value.encode() for name, value in secrets.items() if value}
+    for root in roots:
+        assert root.is_dir(), f"{root} is missing: the scan would pass without reading it"
+        for path in sorted(root.rglob("*")):
+            real = path.resolve()
+            if real in seen or skip(real) or not real.is_file():
+                continue
+            seen.add(real)
+            try:
+                data = real.read_bytes()
+            except OSError:  # gone meanwhile (a rotated log)
+                continue
+            found += [f"{name} in {path}" for name, value in wanted.items() if value in data]
+    return found
