@@ -12,7 +12,8 @@ from typing import Any
 
 from arctic_platform.rl import wire
 from arctic_platform.rl.errors import InvalidRequestError, JobStateError
-from arctic_platform.rl.server.jobs import Job, JobManager
+from arctic_platform.rl.server.job_state import Job
+from arctic_platform.rl.server.jobs import JobManager
 
 
 class WeightSyncOps:
