@@ -78,7 +78,7 @@ def encode_chunks(
 ) -> list[bytes]:
     """Split ``frame`` into chunk envelopes of at most ``chunk_bytes`` payload each."""
     if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        raise InvalidRequestError(f"chunk_bytes must be positive, got {chunk_bytes}")
     total = max(1, math.ceil(len(frame) / chunk_bytes))
     whole = sha256(frame)
     view = memoryview(frame)

@@ -13,6 +13,7 @@ from arctic_platform.rl.api import (
     BY_NAME,
     FRAME_CONTENT_TYPE,
     ClientTransport,
+    InvalidRequestError,
     Operation,
     ServerError,
     TransportError,
@@ -51,7 +52,7 @@ class HttpTransport(ClientTransport):
         backoff: float = 0.25,
     ) -> None:
         if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
+            raise InvalidRequestError(f"retries must be >= 0, got {retries}")
         self.host = host
         self.port = int(port)
         self.retries = retries

@@ -21,13 +21,15 @@ from starlette.responses import Response
 
 from arctic_platform.rl.api import (
     ArcticRLError,
+    BadRequestError,
     BodyLimit,
     GuardLayer,
     InvalidRequestError,
     TokenGuard,
     __version__,
+    http_common,
 )
-from arctic_rl_tinker.frontend import TinkerFrontend
+from arctic_rl_tinker.frontend import TinkerFrontend, UnknownIdError
 from arctic_rl_tinker.futures import Future
 
 logger = logging.getLogger(__name__)
@@ -161,12 +163,6 @@ class Retrieve(_Body):
     request_id: str = Field(min_length=1)
 
 
-class _HttpError(ArcticRLError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _json(value: Any, status: int = 200) -> Response:
     return Response(json.dumps(value), status_code=status, media_type="application/json")
 
@@ -176,17 +172,15 @@ def _error(status: int, message: str, category: str = "user") -> Response:
 
 
 def _parse(model: type[_Body], raw: bytes) -> Any:
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _HttpError(400, f"the body is not valid JSON: {exc}") from None
+    """The body as ``model``: the shared JSON read, and a 400 (not 422) when it does not fit."""
+    data = http_common.read_json_body(raw or b"{}")
     if not isinstance(data, dict):
-        raise _HttpError(400, "the body must be a JSON object")
+        raise BadRequestError("the body must be a JSON object")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        parts = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()]
-        raise _HttpError(400, f"invalid {model.__name__} request: " + "; ".join(parts)) from None
+        parts = http_common.error_parts(exc.errors())
+        raise BadRequestError(f"invalid {model.__name__} request: " + "; ".join(parts)) from None
 
 
 ORDERED_PATHS = frozenset(
@@ -317,7 +311,7 @@ def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
             try:
                 raw = zstandard.ZstdDecompressor().decompress(raw)
             except zstandard.ZstdError as exc:
-                raise _HttpError(400, f"the zstd body cannot be decompressed: {exc}") from None
+                raise BadRequestError(f"the zstd body cannot be decompressed: {exc}") from None
         future = await run_in_threadpool(frontend.forward_backward, raw)
         return _accepted(future)
 
@@ -382,7 +376,7 @@ def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
         body = _parse(Retrieve, await request.body())
         future = frontend.futures.get(body.request_id)
         if future is None:
-            raise _HttpError(404, f"unknown request_id {body.request_id!r}")
+            raise UnknownIdError(f"unknown request_id {body.request_id!r}")
         outcome = await future.wait(POLL_SECONDS)
         if outcome is None:
             return _json(

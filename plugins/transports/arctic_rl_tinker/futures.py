@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_platform.rl.api import ArcticRLError
+from arctic_platform.rl.api import ArcticRLError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class Lane:
         """Queue ``work`` to run once every lower ``seq_id`` has run."""
         with self._cond:
             if seq_id < self._next or seq_id in self._pending:
-                raise ValueError(f"seq_id {seq_id} of model {self.name} was already used")
+                raise InvalidRequestError(f"seq_id {seq_id} of model {self.name} was already used")
             self._by_seq[seq_id] = request_id
             self._pending[seq_id] = work
             self._cond.notify_all()
