@@ -139,7 +139,14 @@ class Paired(BaseModel):
 
 
 def cpu_counter(process: Any) -> Counter:
-    """A counter of the CPU seconds (user + system) a ``psutil.Process`` has used; 0 if None."""
+    """A counter of the CPU seconds (user + system) a process has used; 0 if None.
+
+    ``process``: a ``psutil.Process`` (or anything with ``cpu_times()``), or a pid.
+    """
+    if isinstance(process, int):
+        import psutil
+
+        process = psutil.Process(process)
 
     def read() -> float:
         if process is None:

@@ -61,14 +61,9 @@ def _paired(
 def durability(jobs: tuple[int, ...] = (2, 64), calls: int = 40) -> dict[str, Any]:
     """Seconds and bytes per durable change of one job: whole-table snapshot vs log append."""
     from arctic_platform.rl.server.job_log import log_path
-    from arctic_platform.rl.server.job_table import (
-        JobJournal,
-        JobTable,
-        remember_request,
-        save_table,
-        state_path,
-    )
-    from arctic_platform.rl.server.jobs import Job, JobState
+    from arctic_platform.rl.server.job_state import Job, JobState
+    from arctic_platform.rl.server.job_table import JobJournal, JobTable, save_table, state_path
+    from arctic_platform.rl.server.ledger import remember_request
 
     out: dict[str, Any] = {}
     for count in jobs:

@@ -7,6 +7,7 @@ their order; nothing sleeps and no figure depends on this machine's speed.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 
 import pytest
@@ -200,6 +201,8 @@ def test_cpu_counter_of_no_process_is_zero() -> None:
 
     assert cpu_counter(None)() == 0.0
     assert cpu_counter(Proc())() == 1.5
+    own = cpu_counter(os.getpid())
+    assert own() > 0.0  # this process has run
 
 
 def test_bad_arguments() -> None:
