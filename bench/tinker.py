@@ -168,7 +168,7 @@ def _arctic_step(client: Any, prompts: list[list[int]], params: Any) -> dict[str
 def _paired(
     sides: dict[str, Callable[[], dict[str, float]]],
     repeats: int,
-    servers: dict[str, Any],
+    servers: dict[str, int | None],
     warmup: int = 5,
 ) -> Paired:
     """``repeats`` rounds of one step each side, the order alternating (AB, BA, ...).
@@ -260,14 +260,10 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
         )
         client = ArcticRLClient(config, progress=False)
         client.sync_weights()
-        import psutil
-
         pid_files = sorted((root / "arctic").rglob("server.pid"))
-        servers = {
-            "tinker": psutil.Process(server.pid),
-            "arctic_rl_client": (
-                psutil.Process(int(pid_files[0].read_text())) if len(pid_files) == 1 else None
-            ),
+        servers = {  # each side's server process, for its CPU seconds
+            "tinker": server.pid,
+            "arctic_rl_client": int(pid_files[0].read_text()) if len(pid_files) == 1 else None,
         }
         load_start = os.getloadavg()
         timing = _paired(
