@@ -98,17 +98,8 @@ def _platform_serve(args: argparse.Namespace) -> int:
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return int(
-        serve(
-            host=args.host,
-            port=args.port,
-            tokens_file=args.tokens,
-            run_dir=args.run_dir,
-            num_gpus=args.num_gpus,
-            op_timeout=args.op_timeout,
-            log_level=args.log_level,
-        )
-    )
+    passed = ("host", "port", "run_dir", "num_gpus", "op_timeout", "log_level")
+    return int(serve(tokens_file=args.tokens, **{name: getattr(args, name) for name in passed}))
 
 
 def _config_reference(args: argparse.Namespace) -> int:
