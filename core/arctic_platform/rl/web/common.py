@@ -26,7 +26,7 @@ from arctic_platform.rl.errors import (
     TransportError,
     UnsupportedMediaTypeError,
 )
-from arctic_platform.rl.protocol import FRAME_CONTENT_TYPE, decode_frame
+from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE, decode_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
