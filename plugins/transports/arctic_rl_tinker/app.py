@@ -163,8 +163,7 @@ class Retrieve(_Body):
     request_id: str = Field(min_length=1)
 
 
-def _json(value: Any, status: int = 200) -> Response:
-    return Response(json.dumps(value), status_code=status, media_type="application/json")
+_json = http_common.json_response  # the shared JSON answer (non-finite floats as NaN tokens)
 
 
 def _error(status: int, message: str, category: str = "user") -> Response:
