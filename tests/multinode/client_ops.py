@@ -2,7 +2,7 @@
 
 ``python client_ops.py SPEC.json`` where SPEC holds ``host``, ``port``, ``token`` and ``ops``
 (a list of ``[operation, payload]``). Each op answers ``{"ok": true, "result": ...}`` or
-``{"ok": false, "status": ..., "message": ...}``, with the seconds it took.
+``{"ok": false, "status": ..., "code": ..., "message": ...}``, with the seconds it took.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ def main(spec_path: str) -> None:
         try:
             answer = {"ok": True, "result": transport.call(name, payload)}
         except ServerError as exc:
-            answer = {"ok": False, "status": exc.status_code, "message": exc.message}
+            answer = {
+                "ok": False,
+                "status": exc.status_code,
+                "code": exc.code,
+                "message": exc.message,
+            }
         except TransportError as exc:
-            answer = {"ok": False, "status": None, "message": str(exc)}
+            answer = {"ok": False, "status": None, "code": exc.code, "message": str(exc)}
         answer["seconds"] = time.monotonic() - started
         answers.append(answer)
     transport.close()
