@@ -23,9 +23,10 @@ RL = "arctic_platform.rl"
 MAX_LINES = 600
 GROUND_FLOOR = ("errors", "network", "run_dirs", "lazy_names")
 HTTP_LIBRARIES = ("fastapi", "starlette", "uvicorn", "httpx")
-# the only core code that imports the HTTP libraries: web/, plus http_common.py, which is
-# web/common.py's deprecated old home (today a one-line alias of it; drop it with the shim)
-HTTP_HOMES = ("web", "http_common")
+# web/ is the only core code that imports the HTTP libraries; http_common.py is its deprecated
+# old home (now an alias of web/common.py that imports none of them): no layer below may import
+# either, and the alias may not take up the HTTP libraries again
+WEB = ("web", "http_common")
 # server modules at or above jobs.py (the manager and what drives it); every other server
 # module is below jobs.py and reads the live job record from job_state.py instead
 SERVER_ABOVE_JOBS = ("__init__", "jobs", "weight_sync_ops", "rl_server", "process")
@@ -213,12 +214,12 @@ def test_no_python_file_in_core_or_plugins_is_over_600_lines():
 
 
 def test_wire_imports_no_server_web_client_httpx_or_ray():
-    forbidden = (*_core("server", "client", *HTTP_HOMES), "httpx", "ray")
+    forbidden = (*_core("server", "client", *WEB), "httpx", "ray")
     assert not (broken := _broken(_in("wire"), forbidden)), "\n".join(broken)
 
 
 def test_server_never_imports_web_client_or_testing():
-    forbidden = _core(*HTTP_HOMES, "client", "testing")
+    forbidden = _core(*WEB, "client", "testing")
     assert not (broken := _broken(_in("server"), forbidden)), "\n".join(broken)
 
 
@@ -251,9 +252,7 @@ def test_ground_floor_modules_import_nothing_of_arctic_platform_rl():
 
 
 def test_only_web_imports_fastapi_starlette_uvicorn_or_httpx_in_core():
-    others = [
-        p for p in _sources(CORE) if p.relative_to(CORE).with_suffix("").parts[0] not in HTTP_HOMES
-    ]
+    others = [p for p in _sources(CORE) if p.relative_to(CORE).parts[0] != "web"]
     assert not (broken := _broken(others, HTTP_LIBRARIES)), "\n".join(broken)
 
 
