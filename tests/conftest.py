@@ -1,11 +1,18 @@
-"""Shared fixtures: a tiny local model built once per session, and CPU-friendly env vars."""
+"""Shared fixtures: a tiny local model built once per session, the session's live server
+(``support.live``: started on first use, stopped after its last test), CPU-friendly env vars.
+
+``tests/`` is on ``sys.path`` (pytest's rootdir-relative import of this conftest), so every
+test folder imports the kit as ``support``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import live as shared_live
+from support.live import LiveServer
 
 # Nothing in the suite may reach a model hub or send usage reports.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,3 +30,39 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     from arctic_platform.rl.testing import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama"))
+
+
+_LIVE = shared_live.Shared()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers that place a test among the shared live server's tests."""
+    config.addinivalue_line(
+        "markers", f"{shared_live.FIRST}: runs before the other tests of the shared live server"
+    )
+    config.addinivalue_line(
+        "markers", f"{shared_live.LAST}: runs after the other tests of the shared live server"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``live_first``/``live_last`` tests go right before/after the shared server's others."""
+    shared_live.order(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of the shared live server (and its module's teardown), stop it:
+    later tests do not share the machine with its idle jobs."""
+    yield
+    if shared_live.is_last_user(item, nextitem):
+        _LIVE.stop()
+
+
+@pytest.fixture(scope="session")
+def live(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The session's shared ``arctic-rl serve`` (http) with training, sampling and log-prob
+    jobs; tests leave it running with its three jobs (``support.live``)."""
+    home = tmp_path_factory.mktemp("live-home")
+    yield _LIVE.get(lambda: shared_live.start(tiny_model_path, home))
+    _LIVE.stop()

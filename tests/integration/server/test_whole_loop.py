@@ -18,11 +18,9 @@ import time
 
 import psutil
 import pytest
+from support.rollouts import assert_scores_agree, max_gap, rollouts
 
-from arctic_platform.rl.client import ArcticRLClient
-from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, ServerError
-from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,56 +28,16 @@ PROMPTS = ["12 + 30 =", "the sum of digits", "write a number"]
 GREEDY = {"n": 1, "max_tokens": 8, "temperature": 0.0}
 
 
-def _config(model: str, colocate: bool, transport: str) -> ArcticRLClientConfig:
-    network = transport == "http"
-    return ArcticRLClientConfig(
-        model_name=model,
-        comm_protocol=transport,
-        host="127.0.0.1" if network else None,
-        port=free_port() if network else None,
-        training_gpus=1,
-        sampling_gpus=1,
-        log_prob_gpus=1,
-        colocate=colocate,
-        ray_auto_attach=False,
-        server_logs=False,
-        startup_timeout=300,
-        job_ready_timeout=600,
-        training_config={"optimizer": {"lr": 1e-3}},
-    )
-
-
 # The colocated and ray-transport variants of this loop (and every other knob) run as rows
-# of the configuration matrix (tests/e2e/test_matrix.py); this module keeps one server for
-# what the matrix does not do: bad requests, a killed worker, shutdown, dense batches.
-@pytest.fixture(scope="module", params=[("http", False)], ids=["http-separate"])
-def loop(request, tiny_model_path, tmp_path_factory):
-    """A client with all three jobs running, and the server's pid."""
-    home = tmp_path_factory.mktemp("arctic-home")
-    old = os.environ.get("ARCTIC_RL_HOME")
-    os.environ["ARCTIC_RL_HOME"] = str(home)
-    transport, colocate = request.param
-    client = ArcticRLClient(_config(tiny_model_path, colocate, transport), progress=False)
-    pid = client.backend._server_pid()  # type: ignore[attr-defined]
-    yield client, pid
-    try:
-        client.shutdown()
-    finally:
-        if old is None:
-            os.environ.pop("ARCTIC_RL_HOME", None)
-        else:
-            os.environ["ARCTIC_RL_HOME"] = old
-
-
-def _batch(outputs):
-    rows, masks, prompt_lengths = [], [], []
-    for out in outputs:
-        prompt = out["prompt_token_ids"]
-        for completion in out["completions"]:
-            rows.append(prompt + completion["token_ids"])
-            masks.append([0] * len(prompt) + [1] * len(completion["token_ids"]))
-            prompt_lengths.append(len(prompt))
-    return rows, masks, prompt_lengths
+# of the configuration matrix (tests/e2e/test_matrix.py); this module runs on the session's
+# shared server (``live``: the hardening tests' too) what the matrix does not do: bad
+# requests, a killed worker, shutdown (last: ``live_last``), dense batches.
+@pytest.fixture(scope="module")
+def loop(live):
+    """A client with all three jobs running, and the server's pid; nothing pending, every job
+    on the trainer's weights."""
+    live.settle()
+    return live.client, live.pid
 
 
 def test_every_job_is_running(loop):
@@ -96,53 +54,38 @@ def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
     gen = client.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 3})
     assert len(gen["outputs"]) == len(PROMPTS)
     assert all(len(o["completions"]) == 2 for o in gen["outputs"])
-    rows, masks, plens = _batch(gen["outputs"])
+    version = gen["weight_version"]  # the shared jobs' version when this module starts
+    step = client.job_info("training")["global_step"]
+    rows = rollouts(gen["outputs"])
 
-    lp = client.log_probs(
-        [r[:p] for r, p in zip(rows, plens, strict=True)],
-        [r[p:] for r, p in zip(rows, plens, strict=True)],
-    )
-    trainer = client.fwd_no_grad({"input_ids": rows})
-    for row_lp, out, p in zip(trainer, lp["outputs"], plens, strict=True):
-        assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) < 1e-3
+    lp = client.log_probs(rows.prompts, rows.completions)
+    trainer = client.fwd_no_grad({"input_ids": rows.input_ids})
+    scored = [out["log_probs"] for out in lp["outputs"]]
+    assert max_gap(trainer, scored, rows.prompt_lengths) < 1e-3
 
-    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
     norm_before = client.weight_norm()["training"]
-    metrics = client.fwd_bwd(
-        {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": trainer},
-        loss_fn="grpo",
-    )
+    metrics = client.fwd_bwd(rows.batch(old_log_probs=trainer), loss_fn="grpo")
     assert "loss" in metrics
     stepped = client.step()
-    assert stepped["global_step"] == 1
+    assert stepped["global_step"] == step + 1
     assert client.weight_norm()["training"] != norm_before
 
     synced = client.sync_weights()
-    assert synced["weight_version"] == 1 and synced["bytes"] > 0
+    assert synced["weight_version"] == version + 1 and synced["bytes"] > 0
     norms = client.weight_norm()
     assert norms["sampling"] == pytest.approx(norms["training"], rel=1e-5)
     assert norms["log_prob"] == pytest.approx(norms["training"], rel=1e-5)
 
     after = client.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 4})
-    assert after["weight_version"] == 1
-    rows, _, plens = _batch(after["outputs"])
-    trainer = client.fwd_no_grad({"input_ids": rows})
-    sampled = [c["logprobs"] for o in after["outputs"] for c in o["completions"]]
-    lp = client.log_probs(
-        [r[:p] for r, p in zip(rows, plens, strict=True)],
-        [r[p:] for r, p in zip(rows, plens, strict=True)],
-    )
-    for row_lp, s, out, p in zip(trainer, sampled, lp["outputs"], plens, strict=True):
-        assert max(abs(a - b) for a, b in zip(row_lp[p:], s, strict=True)) <= 1e-3
-        assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) <= 1e-3
+    assert after["weight_version"] == version + 1
+    assert_scores_agree(client, after["outputs"])
 
 
 def test_metrics_split_each_operation_into_its_wait_for_workers_and_the_rest(loop):
     client, _ = loop
     before = client.transport.call("metrics")
     gen = client.generate(PROMPTS, {"n": 1, "max_tokens": 4, "temperature": 0.0})
-    rows, _, _ = _batch(gen["outputs"])
-    client.fwd_no_grad({"input_ids": rows})
+    client.fwd_no_grad({"input_ids": rollouts(gen["outputs"]).input_ids})
     after = client.transport.call("metrics")
     for op in ("generate", "fwd_no_grad"):
         total = after["seconds"][op] - before["seconds"].get(op, 0.0)
@@ -171,7 +114,7 @@ def test_a_left_padded_tensor_batch_scores_like_its_rows(loop):
         assert mine == pytest.approx(theirs, abs=1e-5)
 
 
-def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
+def test_a_second_process_reconnects_and_continues_training(loop, live, tmp_path):
     client, _ = loop
     path = client.save_checkpoint()
     assert os.path.isdir(path)
@@ -201,7 +144,7 @@ def test_a_second_process_reconnects_and_continues_training(loop, tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ),
+        env=live.env(),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -242,23 +185,27 @@ def test_killed_sampling_worker_fails_its_job_and_the_others_keep_working(loop):
     sampling = client.job_ids["sampling"]
     job = client.transport.call("get_job", {"job_id": sampling})
     os.kill(job["worker_pids"][0], signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    state = job
-    while time.monotonic() < deadline:
-        state = client.transport.call("get_job", {"job_id": sampling})
-        if state["state"] == "failed":
-            break
-        time.sleep(0.5)
-    assert state["state"] == "failed" and "died" in state["reason"]
-    started = time.monotonic()
-    with pytest.raises(ServerError) as info:
-        client.generate(PROMPTS, GREEDY)
-    assert info.value.status_code == 409 and "failed" in info.value.message
-    assert time.monotonic() - started < 5
-    assert client.step()["global_step"] >= 1
-    assert client.log_probs([[1, 2]], [[3, 4]])["outputs"]
+    try:
+        deadline = time.monotonic() + 60
+        state = job
+        while time.monotonic() < deadline:
+            state = client.transport.call("get_job", {"job_id": sampling})
+            if state["state"] == "failed":
+                break
+            time.sleep(0.5)
+        assert state["state"] == "failed" and "died" in state["reason"]
+        started = time.monotonic()
+        with pytest.raises(ServerError) as info:
+            client.generate(PROMPTS, GREEDY)
+        assert info.value.status_code == 409 and "failed" in info.value.message
+        assert time.monotonic() - started < 5
+        assert client.step()["global_step"] >= 1
+        assert client.log_probs([[1, 2]], [[3, 4]])["outputs"]
+    finally:  # the shared server keeps its three running jobs
+        assert client.restart_job("sampling")["state"] == "running"
 
 
+@pytest.mark.live_last  # it ends the shared server: after every other test of it
 def test_shutdown_leaves_no_process_behind(loop):
     client, pid = loop
     children = [p.pid for p in psutil.Process(pid).children(recursive=True)]

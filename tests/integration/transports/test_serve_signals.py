@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+from support import servers
+from support.servers import arctic_rl
 
 from arctic_platform.rl.testing import free_port
 
@@ -27,33 +25,21 @@ def test_sigterm_stops_the_server_in_order_and_it_exits_0(transport: str, tmp_pa
     token.write_text("tml-signal-test-0123456789")
     port = free_port()
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "arctic_platform.rl.cli", "serve", "--transport", transport,
-        "--host", "127.0.0.1", "--port", str(port), "--token-file", str(token),
-        "--run-dir", str(run_dir), "--num-gpus", "1", "--no-ray-auto-attach",
-    ]  # fmt: skip
+    command = arctic_rl(
+        "serve", "--transport", transport, "--host", "127.0.0.1", "--port", str(port),
+        "--token-file", str(token), "--run-dir", str(run_dir), "--num-gpus", "1",
+        "--no-ray-auto-attach",
+    )  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ARCTIC_RL_HOME": str(tmp_path / "home")}
     log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    health = servers.answers(f"http://127.0.0.1:{port}{HEALTH[transport]}")
+    what = f"the {transport} server's {HEALTH[transport]}"
+    process = servers.spawn(command, log, health, what, env=env, new_session=False)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                url = f"http://127.0.0.1:{port}{HEALTH[transport]}"
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"no server after 180 s: {log.read_text()}"
-            time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=120)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        servers.stop(process)  # only if it is still running: then the test fails above
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert "failed to start" not in text and "error:" not in text, text[-3000:]

@@ -1,66 +1,31 @@
-"""The server's sync_weights over real engines: the second sync reuses the kept pair worlds
-and still delivers the new weights to every replica."""
+"""The server's sync_weights over real engines (the session's shared server): the second sync
+reuses the kept pair worlds and still delivers the new weights to every replica."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from support.rollouts import rollouts
 
 from arctic_platform.rl.client import ArcticRLClient
-from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model_path, tmp_path_factory):
-    home = tmp_path_factory.mktemp("arctic-home")
-    old = os.environ.get("ARCTIC_RL_HOME")
-    os.environ["ARCTIC_RL_HOME"] = str(home)
-    config = ArcticRLClientConfig(
-        model_name=tiny_model_path,
-        comm_protocol="http",
-        host="127.0.0.1",
-        port=free_port(),
-        training_gpus=1,
-        sampling_gpus=1,
-        log_prob_gpus=1,
-        ray_auto_attach=False,
-        server_logs=False,
-        startup_timeout=300,
-        job_ready_timeout=600,
-        training_config={"optimizer": {"lr": 1e-2}},
-    )
-    c = ArcticRLClient(config, progress=False)
-    yield c
-    try:
-        c.shutdown()
-    finally:
-        if old is None:
-            os.environ.pop("ARCTIC_RL_HOME", None)
-        else:
-            os.environ["ARCTIC_RL_HOME"] = old
+def client(live):
+    """The session's shared server (its first sync happens here: ``live_first``)."""
+    return live.client
 
 
 def _train_step(client: ArcticRLClient) -> None:
     gen = client.generate(["12 + 30 =", "write a number"], {"n": 2, "max_tokens": 6, "seed": 1})
-    rows, masks = [], []
-    for out in gen["outputs"]:
-        prompt = out["prompt_token_ids"]
-        for completion in out["completions"]:
-            rows.append(prompt + completion["token_ids"])
-            masks.append([0] * len(prompt) + [1] * len(completion["token_ids"]))
-    old = client.fwd_no_grad({"input_ids": rows})
-    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
-    client.fwd_bwd(
-        {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": old},
-        loss_fn="grpo",
-    )
+    rows = rollouts(gen["outputs"])
+    old = client.fwd_no_grad({"input_ids": rows.input_ids})
+    client.fwd_bwd(rows.batch(old_log_probs=old), loss_fn="grpo")
     client.step()
 
 
+@pytest.mark.live_first  # the shared jobs' first sync: no pair world is kept yet
 def test_second_sync_reuses_the_pair_worlds_and_moves_the_new_weights(client):
     first = client.sync_weights()
     assert first["reused_connections"] == 0 and first["strategy"] == "drain"

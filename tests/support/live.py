@@ -1,0 +1,154 @@
+"""The session's shared live server: ``arctic-rl serve`` (http) with three running jobs.
+
+The local backend launches the server subprocess with its Ray cluster; training (DeepSpeed),
+sampling (vLLM) and log-prob (vLLM) jobs run on the tiny model, one logical GPU each. It
+starts on the first test that asks for it and stops after the last one (``LiveOrder``), so
+the hardening, whole-loop and server-sync modules pay for one server instead of three.
+Tests leave it running with its three jobs; a test that kills a worker brings it back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from support.clients import arctic_home, client_config
+
+if TYPE_CHECKING:
+    import pytest
+
+    from arctic_platform.rl.client import ArcticRLClient
+
+FIXTURE = "live"
+FIRST = "live_first"  # marker: run before the other tests of the shared server (fresh state)
+LAST = "live_last"  # marker: run after them (the test ends the server)
+
+
+@dataclass
+class LiveServer:
+    """A running server, the client that started it, and what a raw HTTP caller needs."""
+
+    client: ArcticRLClient
+    base_url: str
+    token: str
+    run_dir: Path
+    home: Path
+    pid: int
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header that authorises a request."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def job_ids(self) -> dict[str, int]:
+        """Job id per job type (all three exist)."""
+        return {k: int(v) for k, v in self.client.job_ids.items() if v is not None}
+
+    def http(self, timeout: float = 120.0) -> httpx.Client:
+        """A plain httpx client carrying the token."""
+        return httpx.Client(base_url=self.base_url, headers=self.auth, timeout=timeout)
+
+    def states(self) -> dict[int, str]:
+        """State of every job the server knows, by id."""
+        return {j["job_id"]: j["state"] for j in self.client.get_server_state()["jobs"]}
+
+    def assert_healthy(self) -> None:
+        """The server answers and each of the three jobs is still running."""
+        with self.http(timeout=30) as http:
+            assert http.get("/health").status_code == 200
+        states = self.states()
+        for job_type, job_id in self.job_ids.items():
+            assert states[job_id] == "running", (job_type, states)
+
+    def env(self) -> dict[str, str]:
+        """The environment of a subprocess that reconnects to these jobs (it finds the run
+        dir and token under this server's ``ARCTIC_RL_HOME``)."""
+        return {**os.environ, "ARCTIC_RL_HOME": str(self.home)}
+
+    def settle(self) -> None:
+        """A known state for a module that starts here: a gradient an earlier test left
+        pending is applied, and sampler and log-prob job get the trainer's weights."""
+        self.assert_healthy()
+        self.client.step()
+        self.client.sync_weights()
+
+
+def start(model: str, home: Path) -> LiveServer:
+    """Launch the server and its three jobs under ``home`` (its ``ARCTIC_RL_HOME``)."""
+    from arctic_platform.rl.client import ArcticRLClient
+    from arctic_platform.rl.testing import free_port
+
+    port = free_port()
+    with arctic_home(home):
+        client = ArcticRLClient(client_config(model, port), progress=False)
+    backend = client.backend
+    run_dir = Path(backend.run_dir)  # type: ignore[attr-defined]
+    return LiveServer(
+        client=client,
+        base_url=f"http://127.0.0.1:{port}",
+        token=(run_dir / "token").read_text().strip(),
+        run_dir=run_dir,
+        home=home,
+        pid=int(backend._server_pid()),  # type: ignore[attr-defined]
+    )
+
+
+class Shared:
+    """The one live server of the session: started on first use, stopped once."""
+
+    def __init__(self) -> None:
+        self.server: LiveServer | None = None
+        self.stopped = False
+
+    def get(self, make: Callable[[], LiveServer]) -> LiveServer:
+        """The running server (``make`` starts it the first time)."""
+        assert not self.stopped, "the shared live server was stopped before this test"
+        if self.server is None:
+            self.server = make()
+        return self.server
+
+    def stop(self) -> None:
+        """Shut down the jobs, the server and its Ray cluster (a no-op after a test did)."""
+        server, self.server = self.server, None
+        if server is not None:
+            self.stopped = True
+            with arctic_home(server.home):
+                server.client.shutdown()
+
+
+def _uses(item: pytest.Item) -> bool:
+    return FIXTURE in getattr(item, "fixturenames", ())
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Put the ``live_first`` tests right before the other tests of the shared server and
+    the ``live_last`` ones right after them; every other test keeps its place."""
+    first = [item for item in items if _uses(item) and item.get_closest_marker(FIRST)]
+    last = [item for item in items if _uses(item) and item.get_closest_marker(LAST)]
+    if not first and not last:
+        return
+    moved = {id(item) for item in first + last}
+    rest = [item for item in items if id(item) not in moved]
+    users = [i for i, item in enumerate(rest) if _uses(item)]
+    if users:
+        begin, end = users[0], users[-1] + 1
+    else:  # only moved tests use it: they stay where the first of them was
+        begin = end = next(i for i, item in enumerate(items) if id(item) in moved)
+    items[:] = [*rest[:begin], *first, *rest[begin:end], *last, *rest[end:]]
+
+
+def is_last_user(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+    """Whether ``item`` is the session's last test of the shared server (it may stop now)."""
+    if not _uses(item):
+        return False
+    items = item.session.items
+    at = next((i for i, other in enumerate(items) if other is item), None)
+    if at is None or nextitem is None:
+        return True
+    return not any(_uses(other) for other in items[at + 1 :])

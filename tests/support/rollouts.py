@@ -1,0 +1,81 @@
+"""Rollouts (``generate`` outputs) as training rows with loss masks, and the post-sync check
+that trainer, sampler and log-prob job score the same tokens alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Rollouts:
+    """One row per completion: prompt + completion ids, a mask over the completion, the
+    prompt's length and the sampler's log-probs of the completion tokens."""
+
+    input_ids: list[list[int]] = field(default_factory=list)
+    loss_mask: list[list[int]] = field(default_factory=list)
+    prompt_lengths: list[int] = field(default_factory=list)
+    sampled: list[list[float]] = field(default_factory=list)
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        """Each row's prompt ids."""
+        return [row[:p] for row, p in zip(self.input_ids, self.prompt_lengths, strict=True)]
+
+    @property
+    def completions(self) -> list[list[int]]:
+        """Each row's completion ids."""
+        return [row[p:] for row, p in zip(self.input_ids, self.prompt_lengths, strict=True)]
+
+    def batch(self, **extra: Any) -> dict[str, Any]:
+        """A ``fwd_bwd`` batch of the rows, masks and alternating advantages (``extra`` added)."""
+        advantages = [1.0 if i % 2 else -1.0 for i in range(len(self.input_ids))]
+        return {
+            "input_ids": self.input_ids,
+            "loss_mask": self.loss_mask,
+            "advantages": advantages,
+            **extra,
+        }
+
+
+def rollouts(outputs: list[dict[str, Any]]) -> Rollouts:
+    """The rows of a ``generate`` answer's ``outputs``: prompt by prompt, completion by
+    completion."""
+    out = Rollouts()
+    for prompt_output in outputs:
+        prompt = list(prompt_output["prompt_token_ids"])
+        for completion in prompt_output["completions"]:
+            tokens = list(completion["token_ids"])
+            out.input_ids.append(prompt + tokens)
+            out.loss_mask.append([0] * len(prompt) + [1] * len(tokens))
+            out.prompt_lengths.append(len(prompt))
+            out.sampled.append([float(x) for x in completion.get("logprobs") or []])
+    return out
+
+
+def max_gap(rows: list[list[float]], tails: list[list[float]], prompt_lengths: list[int]) -> float:
+    """The largest |row[p:] - tail| over all rows: full-row scores (the trainer's) against
+    completion-only scores (sampler, log-prob job)."""
+    gap = 0.0
+    for row, values, p in zip(rows, tails, prompt_lengths, strict=True):
+        assert len(row) - p == len(values), (len(row), p, len(values))
+        gap = max([gap, *(abs(float(a) - float(b)) for a, b in zip(row[p:], values, strict=True))])
+    return gap
+
+
+def assert_scores_agree(
+    client: Any, outputs: list[dict[str, Any]], tolerance: float = 1e-3, log_probs: bool = True
+) -> Rollouts:
+    """The trainer's ``fwd_no_grad`` of each sampled row matches the sampler's log-probs (and,
+    with ``log_probs``, the log-prob job's) within ``tolerance`` nats; after a sync this shows
+    every job holds the same weights. Returns the rows."""
+    rows = rollouts(outputs)
+    trainer = client.fwd_no_grad({"input_ids": rows.input_ids})
+    gap = max_gap(trainer, rows.sampled, rows.prompt_lengths)
+    assert gap <= tolerance, f"trainer vs sampler: {gap}"
+    if log_probs:
+        scored = client.log_probs(rows.prompts, rows.completions)["outputs"]
+        tails = [out["log_probs"] for out in scored]
+        gap = max_gap(trainer, tails, rows.prompt_lengths)
+        assert gap <= tolerance, f"trainer vs log-prob job: {gap}"
+    return rows
