@@ -7,9 +7,12 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from arctic_platform.rl.plugins.specs import CommandSpec
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -121,7 +124,7 @@ def _refusal(message: str) -> Handler:
     return handler
 
 
-def _plugin_action(spec: Any) -> Handler:
+def _plugin_action(spec: CommandSpec) -> Handler:
     def handler(args: argparse.Namespace) -> int:
         from arctic_platform.rl.errors import PluginError
 
