@@ -72,7 +72,6 @@ from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
     BackendSpec,
-    CommandSpec,
     EngineSpec,
     LossSpec,
     TransportSpec,
@@ -80,6 +79,7 @@ from arctic_platform.rl.plugins import (
     hookimpl,
     not_implemented_yet,
 )
+from arctic_platform.rl.plugins.specs import CommandSpec
 from arctic_platform.rl.run_dirs import (
     arctic_home,
     read_or_create_token,
