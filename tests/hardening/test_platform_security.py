@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from platform_server import ALICE, BOB, LivePlatform
+from support.leaks import files_holding, ray_session_logs
 
 from arctic_platform.rl.wire.frames import decode_frame, encode_frame
 from arctic_rl_dss.app import DEFAULT_MAX_BODY_BYTES
@@ -192,10 +193,14 @@ def test_no_answer_or_log_reveals_a_token_or_the_tokens_file(platform_live):
     for text in [*mine, refused.text]:
         for secret in (ALICE, BOB, str(live.tokens_file)):
             assert secret not in text
-    log = live.run_dir.parent / "platform.log"
-    assert log.is_file()
-    content = log.read_text(errors="replace")
-    assert ALICE not in content and BOB not in content
+    # every file a token could reach: the platform log, its run dir (job table, job logs, each
+    # job's server), the client's ARCTIC_RL_HOME, Ray's session logs; not the tokens file
+    root = live.run_dir.parent
+    assert (root / "platform.log").is_file() and live.run_dir.is_dir()
+    secrets = {"alice's token": ALICE, "bob's token": BOB, "the refused token": ALICE[::-1]}
+    tokens_file = live.tokens_file.resolve()
+    leaks = files_holding(secrets, [root, *ray_session_logs(live.pid)], tokens_file.__eq__)
+    assert not leaks, f"a token was written to a file: {leaks}"
 
 
 def test_fuzz_findings_stay_fixed(platform_live):

@@ -7,7 +7,6 @@ serve off loopback without a token, the body size limit) is not repeated here.
 from __future__ import annotations
 
 import hmac
-import os
 import pickle
 import re
 import stat
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from support.leaks import files_holding
+from support.leaks import files_holding, ray_session_logs
 
 from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE
 
@@ -65,15 +64,6 @@ def test_token_files_in_the_run_dir_are_readable_by_the_owner_only(live):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
-def _ray_session_logs(live) -> list[Path]:
-    """The ``logs`` folder of each Ray session of the server's local cluster (see
-    ``ray_cluster.start_or_attach``: ``$ARCTIC_RL_RAY_TMP/arctic-rl-ray-<server pid>``)."""
-    temp = Path(os.environ.get("ARCTIC_RL_RAY_TMP", "/tmp")) / f"arctic-rl-ray-{live.pid}"
-    logs = sorted({p.resolve() for p in temp.glob("session_*/logs")})
-    assert logs and any(p.is_file() for p in logs[0].rglob("*")), f"no Ray session logs in {temp}"
-    return logs
-
-
 def test_no_answer_or_log_reveals_the_token(live):
     with live.http() as http:
         job = live.job_ids["training"]
@@ -96,7 +86,7 @@ def test_no_answer_or_log_reveals_the_token(live):
     if ray_token.is_file():
         secrets["the Ray token"] = ray_token.read_text().strip()
     token_files = {(live.run_dir / "token").resolve(), ray_token.resolve()}
-    roots = [live.run_dir, live.home, *_ray_session_logs(live)]
+    roots = [live.run_dir, live.home, *ray_session_logs(live.pid)]
     leaks = files_holding(secrets, roots, skip=token_files.__contains__)
     assert not leaks, f"a token was written to a file: {leaks}"
 

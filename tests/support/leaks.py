@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -32,3 +33,13 @@ def files_holding(
                 continue
             found += [f"{name} in {path}" for name, value in wanted.items() if value in data]
     return found
+
+
+def ray_session_logs(server_pid: int) -> list[Path]:
+    """The ``logs`` folder of each Ray session of the local cluster a server process started
+    (``ray_cluster``: ``$ARCTIC_RL_RAY_TMP/arctic-rl-ray-<pid>``, default under /tmp); at
+    least one, holding files."""
+    temp = Path(os.environ.get("ARCTIC_RL_RAY_TMP", "/tmp")) / f"arctic-rl-ray-{server_pid}"
+    logs = sorted({p.resolve() for p in temp.glob("session_*/logs")})
+    assert logs and any(p.is_file() for p in logs[0].rglob("*")), f"no Ray session logs in {temp}"
+    return logs
