@@ -23,8 +23,10 @@ STEPS, SFT_STEPS = 3, 2
 SHORT = ["--steps", str(STEPS), "--sft-steps", str(SFT_STEPS), "--eval-every", "2"]
 SHORT += ["--prompts-per-step", "4", "--samples-per-prompt", "4"]
 # The budget run: the demo's SFT steps and batch sizes, 20 GRPO steps. Two runs of it on the
-# shared 2-core machine: train reward 0.041 -> 0.081 and 0.027 -> 0.063 (first vs last half),
-# hotswaps during a rollout 6 of 20 steps; held-out exact match moved 0.094 -> 0.102..0.133.
+# shared 2-core machine (load ~18): train reward 0.041 -> 0.081 in both (first vs second half;
+# sampling is seeded), hotswaps during a rollout in 6 and 3 of 20 steps, step 10 in both (the
+# held-out evaluation after step 9 slows the rollouts in flight, so a sync lands inside one);
+# held-out exact match 0.094 after SFT, 0.102 and 0.125 at the end.
 ASYNC_STEPS, ASYNC_SFT_STEPS, DEPTH = 20, 40, 2
 
 
