@@ -9,19 +9,15 @@ so the fuzzing and security modules pay for the server and the job once.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
+from support import servers
+from support.clients import arctic_home, client_with_token
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -78,40 +74,6 @@ class LivePlatform:
         assert all(s["status"] == "running" for s in job["sub_jobs"]), job
 
 
-def _start(cmd: list[str], log: Path, port: int) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).is_success:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError("platform server did not come up:\n" + log.read_text()[-3000:])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    pids = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        pass
-    time.sleep(2)
-    for pid in pids:
-        if psutil.pid_exists(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    proc.wait(timeout=30)
-
-
 def _prepare(live: LivePlatform) -> None:
     """A generate, a forward-backward, a step and a checkpoint: ids the fuzzer can aim at."""
     alice = live.alice
@@ -137,11 +99,7 @@ def platform_live(
     tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LivePlatform]:
     """The platform server with alice's running job; stopped (job, server, Ray) at the end."""
-    keys = [*FAST_POLL, "ARCTIC_RL_HOME", "ARCTIC_RL_PAT"]
-    old = {k: os.environ.get(k) for k in keys}
     root = tmp_path_factory.mktemp("platform-hardening")
-    os.environ.update(FAST_POLL)
-    os.environ["ARCTIC_RL_HOME"] = str(root / "home")
     tokens = root / "tokens.json"
     users = [
         {"name": "alice", "token": ALICE, "reserved_gpus": CLUSTER_GPUS},
@@ -151,39 +109,34 @@ def platform_live(
     tokens.chmod(0o600)
     port = free_port()
     run_dir = root / "platform"
-    cmd = [sys.executable, "-m", "arctic_platform.rl.cli", "platform", "serve"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--tokens", str(tokens)]
-    cmd += ["--run-dir", str(run_dir), "--num-gpus", str(CLUSTER_GPUS)]
-    proc = _start(cmd, root / "platform.log", port)
-    client: ArcticRLClient | None = None
-    try:
-        config = ArcticRLClientConfig(
-            model_name=tiny_model_path,
-            backend="dss-platform",
-            host="127.0.0.1",
-            port=port,
-            training_gpus=1,
-            sampling_gpus=1,
-            log_prob_gpus=0,
-            job_ready_timeout=600,
-            training_config={"optimizer": {"lr": 1e-3}},
-        )
-        os.environ["ARCTIC_RL_PAT"] = ALICE
+    command = servers.arctic_rl(
+        "platform", "serve", "--host", "127.0.0.1", "--port", str(port), "--tokens", str(tokens),
+        "--run-dir", str(run_dir), "--num-gpus", str(CLUSTER_GPUS),
+    )  # fmt: skip
+    with arctic_home(root / "home", **FAST_POLL):
+        health = servers.answers(f"http://127.0.0.1:{port}/health")
+        what = "the hardening platform server's /health"
+        proc = servers.spawn(command, root / "platform.log", health, what)
+        client: ArcticRLClient | None = None
         try:
-            client = ArcticRLClient(config, progress=False)
+            config = ArcticRLClientConfig(
+                model_name=tiny_model_path,
+                backend="dss-platform",
+                host="127.0.0.1",
+                port=port,
+                training_gpus=1,
+                sampling_gpus=1,
+                log_prob_gpus=0,
+                job_ready_timeout=600,
+                training_config={"optimizer": {"lr": 1e-3}},
+            )
+            client = client_with_token(config, ALICE)
+            live = LivePlatform(f"http://127.0.0.1:{port}", run_dir, tokens, proc.pid, client)
+            _prepare(live)
+            yield live
         finally:
-            os.environ.pop("ARCTIC_RL_PAT", None)
-        live = LivePlatform(f"http://127.0.0.1:{port}", run_dir, tokens, proc.pid, client)
-        _prepare(live)
-        yield live
-    finally:
-        try:
-            if client is not None:
-                client.close()
-        finally:
-            _stop(proc)
-            for key, value in old.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            try:
+                if client is not None:
+                    client.close()
+            finally:
+                servers.stop(proc)
