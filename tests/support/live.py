@@ -127,8 +127,9 @@ def _uses(item: pytest.Item) -> bool:
 
 
 def order(items: list[pytest.Item]) -> None:
-    """Put the ``live_first`` tests right before the other tests of the shared server and
-    the ``live_last`` ones right after them; every other test keeps its place."""
+    """Put the ``live_first`` tests right before the other tests of the shared server (before
+    the module of the first of them) and the ``live_last`` ones right after them (after the
+    module of the last), so the server's life is short; every other test keeps its place."""
     first = [item for item in items if _uses(item) and item.get_closest_marker(FIRST)]
     last = [item for item in items if _uses(item) and item.get_closest_marker(LAST)]
     if not first and not last:
@@ -136,8 +137,9 @@ def order(items: list[pytest.Item]) -> None:
     moved = {id(item) for item in first + last}
     rest = [item for item in items if id(item) not in moved]
     users = [i for i, item in enumerate(rest) if _uses(item)]
-    if users:
-        begin, end = users[0], users[-1] + 1
+    if users:  # whole modules stay together: before the first user's, after the last one's
+        begin = next(i for i, item in enumerate(rest) if item.path == rest[users[0]].path)
+        end = 1 + max(i for i, item in enumerate(rest) if item.path == rest[users[-1]].path)
     else:  # only moved tests use it: they stay where the first of them was
         begin = end = next(i for i, item in enumerate(items) if id(item) in moved)
     items[:] = [*rest[:begin], *first, *rest[begin:end], *last, *rest[end:]]

@@ -22,7 +22,8 @@ from support.rollouts import assert_scores_agree, max_gap, rollouts
 
 from arctic_platform.rl.errors import JobError, ServerError
 
-pytestmark = pytest.mark.slow
+# after the other tests of the shared server (hardening's): it ends with the server's shutdown
+pytestmark = [pytest.mark.slow, pytest.mark.live_last]
 
 PROMPTS = ["12 + 30 =", "the sum of digits", "write a number"]
 GREEDY = {"n": 1, "max_tokens": 8, "temperature": 0.0}
@@ -31,7 +32,7 @@ GREEDY = {"n": 1, "max_tokens": 8, "temperature": 0.0}
 # The colocated and ray-transport variants of this loop (and every other knob) run as rows
 # of the configuration matrix (tests/e2e/test_matrix.py); this module runs on the session's
 # shared server (``live``: the hardening tests' too) what the matrix does not do: bad
-# requests, a killed worker, shutdown (last: ``live_last``), dense batches.
+# requests, a killed worker, shutdown (last), dense batches.
 @pytest.fixture(scope="module")
 def loop(live):
     """A client with all three jobs running, and the server's pid; nothing pending, every job
@@ -205,7 +206,6 @@ def test_killed_sampling_worker_fails_its_job_and_the_others_keep_working(loop):
         assert client.restart_job("sampling")["state"] == "running"
 
 
-@pytest.mark.live_last  # it ends the shared server: after every other test of it
 def test_shutdown_leaves_no_process_behind(loop):
     client, pid = loop
     children = [p.pid for p in psutil.Process(pid).children(recursive=True)]
