@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import pickle
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from platform_server import ALICE, BOB, LivePlatform
 from support.leaks import files_holding, ray_session_logs
+from support.pickles import Tripwire
 
 from arctic_platform.rl.wire.frames import decode_frame, encode_frame
 from arctic_rl_dss.app import DEFAULT_MAX_BODY_BYTES
@@ -99,16 +99,6 @@ def test_a_chunk_outside_its_bounds_is_refused_and_nothing_runs(
 # --- pickle -------------------------------------------------------------------------------
 
 
-class _Tripwire:
-    """Unpickling this creates ``path``: proof that a pickle was loaded."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (Path.touch, (self.path,))
-
-
 @pytest.mark.parametrize(
     "content_type",
     ["application/octet-stream", "application/json", "application/python-pickle"],
@@ -116,7 +106,7 @@ class _Tripwire:
 def test_a_pickle_in_a_request_is_never_loaded(platform_live, tmp_path, content_type):
     live = platform_live
     tripwire = tmp_path / "unpickled"
-    body = pickle.dumps({"prompts": ["x"], "batch": _Tripwire(tripwire)})
+    body = pickle.dumps({"prompts": ["x"], "batch": Tripwire(tripwire)})
     job = live.job_id
     with live.http() as http:
         for route in ("/", f"/{job}/forward-backward", f"/{job}/generate", f"/{job}/step",

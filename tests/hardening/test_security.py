@@ -16,6 +16,7 @@ import numpy as np
 import psutil
 import pytest
 from support.leaks import files_holding, ray_session_logs
+from support.pickles import Tripwire
 
 from arctic_platform.rl.wire.frames import FRAME_CONTENT_TYPE
 
@@ -175,23 +176,13 @@ def test_a_symlink_out_of_the_checkpoint_root_is_refused(live, tmp_path):
         link.unlink()
 
 
-class _Tripwire:
-    """Unpickling this creates ``path``: proof that a pickle was loaded."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (Path.touch, (self.path,))
-
-
 @pytest.mark.parametrize(
     "content_type",
     [FRAME_CONTENT_TYPE, "application/json", "application/python-pickle", "application/x-npy"],
 )
 def test_a_pickle_in_a_request_is_never_loaded(live, tmp_path, content_type):
     tripwire = tmp_path / "unpickled"
-    body = pickle.dumps({"job_id": live.job_ids["training"], "batch": _Tripwire(tripwire)})
+    body = pickle.dumps({"job_id": live.job_ids["training"], "batch": Tripwire(tripwire)})
     with live.http() as http:
         for path in ("/fwd-bwd", "/generate", "/load-checkpoint", "/initialize"):
             answer = http.post(path, content=body, headers={"Content-Type": content_type})
