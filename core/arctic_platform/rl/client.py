@@ -30,6 +30,18 @@ def _gpus(config: ArcticRLClientConfig, job_type: str) -> int:
     return int(getattr(config, f"{job_type}_gpus"))
 
 
+def _memory_call(
+    operation: str, job_type: str, doc: str
+) -> Callable[[ArcticRLClient], dict[str, Any]]:
+    """The ``ArcticRLClient`` method calling sleep/wake ``operation`` on its ``job_type`` job."""
+
+    def call(self: ArcticRLClient) -> dict[str, Any]:
+        return dict(self.transport.call(operation, {"job_id": self._job(job_type)}))
+
+    call.__doc__ = doc
+    return call
+
+
 class ArcticRLClient:
     """Drives the training, sampling and log-prob jobs of one RL run."""
 
@@ -324,32 +336,24 @@ class ArcticRLClient:
             if job_id is not None:
                 self.transport.call("reset_prefix_cache", {"job_id": job_id})
 
-    def _memory(self, operation: str, job_type: str) -> dict[str, Any]:
-        return dict(self.transport.call(operation, {"job_id": self._job(job_type)}))
-
-    def sleep_inference(self) -> dict[str, Any]:
-        """Release the sampling job's device memory (a reported no-op where unsupported)."""
-        return self._memory("sleep_inference", "sampling")
-
-    def wake_inference(self) -> dict[str, Any]:
-        """Reclaim the sampling job's device memory."""
-        return self._memory("wake_inference", "sampling")
-
-    def sleep_training(self) -> dict[str, Any]:
-        """Offload the training job's state."""
-        return self._memory("sleep_training", "training")
-
-    def wake_training(self) -> dict[str, Any]:
-        """Bring the training job's state back."""
-        return self._memory("wake_training", "training")
-
-    def sleep_log_prob(self) -> dict[str, Any]:
-        """Release the log-prob job's device memory."""
-        return self._memory("sleep_log_prob", "log_prob")
-
-    def wake_log_prob(self) -> dict[str, Any]:
-        """Reclaim the log-prob job's device memory."""
-        return self._memory("wake_log_prob", "log_prob")
+    sleep_inference = _memory_call(
+        "sleep_inference",
+        "sampling",
+        "Release the sampling job's device memory (a reported no-op where unsupported).",
+    )
+    wake_inference = _memory_call(
+        "wake_inference", "sampling", "Reclaim the sampling job's device memory."
+    )
+    sleep_training = _memory_call("sleep_training", "training", "Offload the training job's state.")
+    wake_training = _memory_call(
+        "wake_training", "training", "Bring the training job's state back."
+    )
+    sleep_log_prob = _memory_call(
+        "sleep_log_prob", "log_prob", "Release the log-prob job's device memory."
+    )
+    wake_log_prob = _memory_call(
+        "wake_log_prob", "log_prob", "Reclaim the log-prob job's device memory."
+    )
 
     # --- faults -------------------------------------------------------------------------
 

@@ -539,26 +539,15 @@ class DssTransport(ClientTransport):
     def _op_empty_training_cache(self, payload: dict[str, Any]) -> Any:
         return self._simple("empty-training-cache")(payload)
 
-    def _memory(self, verb: str, payload: dict[str, Any]) -> Any:
-        return self._simple(verb)(payload)
+    def _sleep(self, payload: dict[str, Any]) -> Any:
+        return self._simple("sleep")(payload)
 
-    def _op_sleep_inference(self, p: dict[str, Any]) -> Any:
-        return self._memory("sleep", p)
+    def _wake(self, payload: dict[str, Any]) -> Any:
+        return self._simple("wake")(payload)
 
-    def _op_wake_inference(self, p: dict[str, Any]) -> Any:
-        return self._memory("wake", p)
-
-    def _op_sleep_training(self, p: dict[str, Any]) -> Any:
-        return self._memory("sleep", p)
-
-    def _op_wake_training(self, p: dict[str, Any]) -> Any:
-        return self._memory("wake", p)
-
-    def _op_sleep_log_prob(self, p: dict[str, Any]) -> Any:
-        return self._memory("sleep", p)
-
-    def _op_wake_log_prob(self, p: dict[str, Any]) -> Any:
-        return self._memory("wake", p)
+    # the platform's job knows its role: each role's sleep/wake is the one sleep/wake operation
+    _op_sleep_inference = _op_sleep_training = _op_sleep_log_prob = _sleep
+    _op_wake_inference = _op_wake_training = _op_wake_log_prob = _wake
 
     def close(self) -> None:
         """Close the connection pool (the platform's jobs keep running)."""

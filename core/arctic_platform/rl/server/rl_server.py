@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,18 @@ def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def _memory_operation(
+    verb: str, role: str, doc: str
+) -> Callable[[RLServer, wire.SleepRequest], dict[str, Any]]:
+    """The ``RLServer`` operation that runs ``verb`` (sleep or wake) on a ``role`` job's ranks."""
+
+    def operation(self: RLServer, request: wire.SleepRequest) -> dict[str, Any]:
+        return self._sleep_or_wake(request, role, verb)
+
+    operation.__doc__ = doc
+    return operation
 
 
 class RLServer:
@@ -506,13 +519,11 @@ class RLServer:
 
     # --- memory -------------------------------------------------------------------------
 
-    def _sleep_or_wake(
-        self, request: wire.SleepRequest, roles: tuple[str, ...], method: str
-    ) -> dict[str, Any]:
+    def _sleep_or_wake(self, request: wire.SleepRequest, role: str, method: str) -> dict[str, Any]:
         job = self.jobs.get(request.job_id)
-        if job.job_type not in roles:
+        if job.job_type != role:
             raise JobStateError(
-                f"job {job.job_id} is a {job.job_type} job; this operation is for {'/'.join(roles)}"
+                f"job {job.job_id} is a {job.job_type} job; this operation is for {role}"
             )
         job = self.jobs.running(request.job_id, job.job_type)
         with job.lock:
@@ -520,29 +531,12 @@ class RLServer:
             results = self._all_ranks(job, method, *args)
         return {"job_id": job.job_id, "results": results}
 
-    def sleep_inference(self, request: wire.SleepRequest) -> dict[str, Any]:
-        """Sleep a sampling job."""
-        return self._sleep_or_wake(request, ("sampling",), "sleep")
-
-    def wake_inference(self, request: wire.SleepRequest) -> dict[str, Any]:
-        """Wake a sampling job."""
-        return self._sleep_or_wake(request, ("sampling",), "wake")
-
-    def sleep_training(self, request: wire.SleepRequest) -> dict[str, Any]:
-        """Offload a training job's state."""
-        return self._sleep_or_wake(request, ("training",), "sleep")
-
-    def wake_training(self, request: wire.SleepRequest) -> dict[str, Any]:
-        """Bring a training job's state back."""
-        return self._sleep_or_wake(request, ("training",), "wake")
-
-    def sleep_log_prob(self, request: wire.SleepRequest) -> dict[str, Any]:
-        """Sleep a log-prob job."""
-        return self._sleep_or_wake(request, ("log_prob",), "sleep")
-
-    def wake_log_prob(self, request: wire.SleepRequest) -> dict[str, Any]:
-        """Wake a log-prob job."""
-        return self._sleep_or_wake(request, ("log_prob",), "wake")
+    sleep_inference = _memory_operation("sleep", "sampling", "Sleep a sampling job.")
+    wake_inference = _memory_operation("wake", "sampling", "Wake a sampling job.")
+    sleep_training = _memory_operation("sleep", "training", "Offload a training job's state.")
+    wake_training = _memory_operation("wake", "training", "Bring a training job's state back.")
+    sleep_log_prob = _memory_operation("sleep", "log_prob", "Sleep a log-prob job.")
+    wake_log_prob = _memory_operation("wake", "log_prob", "Wake a log-prob job.")
 
 
 __all__ = ["JobState", "RLServer"]
