@@ -11,7 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from arctic_platform.rl.errors import PluginError
 
@@ -295,20 +302,11 @@ class ArcticRLClientConfig(BaseModel):
     def _transport_registered(cls, value: str) -> str:
         return _registered("transport", value, "comm_protocol")
 
-    @field_validator("log_prob_engine")
+    @field_validator("log_prob_engine", "training_engine", "sampling_engine")
     @classmethod
-    def _log_prob_engine_registered(cls, value: str) -> str:
-        return _registered("engine", value, "log_prob_engine", role="log_prob")
-
-    @field_validator("training_engine")
-    @classmethod
-    def _training_engine_registered(cls, value: str) -> str:
-        return _registered("engine", value, "training_engine", role="training")
-
-    @field_validator("sampling_engine")
-    @classmethod
-    def _sampling_engine_registered(cls, value: str) -> str:
-        return _registered("engine", value, "sampling_engine", role="sampling")
+    def _engine_registered(cls, value: str, info: ValidationInfo) -> str:
+        field = str(info.field_name)  # <role>_engine
+        return _registered("engine", value, field, role=field.removesuffix("_engine"))
 
     @field_validator("training_config")
     @classmethod
