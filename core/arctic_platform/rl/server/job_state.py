@@ -36,6 +36,24 @@ class JobState(StrEnum):
         return self in (JobState.FAILED, JobState.CANCELLED, JobState.TERMINATED)
 
 
+_RECORD_AS_IS = (
+    "job_id",
+    "job_type",
+    "engine",
+    "num_gpus",
+    "reason",
+    "latest_checkpoint",
+    "weight_version",
+    "weights_from",
+    "synced_from",
+    "global_step",
+    "restarts",
+    "created_at",
+    "updated_at",
+)
+"""The fields a ``Job`` and its ``JobRecord`` share as they are (the others are converted)."""
+
+
 @dataclass
 class Job:
     """One job: its config, state and workers."""
@@ -103,45 +121,21 @@ class Job:
     def record(self) -> JobRecord:
         """This job as the durable job table stores it."""
         return JobRecord(
-            job_id=self.job_id,
-            job_type=self.job_type,
-            engine=self.engine,
+            **{name: getattr(self, name) for name in _RECORD_AS_IS},
             config=self.config,
-            num_gpus=self.num_gpus,
             state=self.state.value,
-            reason=self.reason,
-            latest_checkpoint=self.latest_checkpoint,
             checkpoints=dict(self.checkpoints),
-            weight_version=self.weight_version,
-            weights_from=self.weights_from,
-            synced_from=self.synced_from,
-            global_step=self.global_step,
-            restarts=self.restarts,
             request_ids=[r.model_copy() for r in list(self.request_ids)],
-            created_at=self.created_at,
-            updated_at=self.updated_at,
         )
 
     @classmethod
     def from_record(cls, record: JobRecord) -> Job:
         """A job object for ``record`` (no workers yet)."""
         return cls(
-            record.job_id,
-            record.job_type,
-            record.engine,
-            dict(record.config),
-            record.num_gpus,
+            **{name: getattr(record, name) for name in _RECORD_AS_IS},
+            config=dict(record.config),
             state=JobState(record.state),
-            reason=record.reason,
-            weight_version=record.weight_version,
-            created_at=record.created_at,
-            updated_at=record.updated_at,
-            latest_checkpoint=record.latest_checkpoint,
             checkpoints=dict(record.checkpoints),
-            global_step=record.global_step,
-            weights_from=record.weights_from,
-            synced_from=record.synced_from,
-            restarts=record.restarts,
             request_ids=[r.model_copy() for r in record.request_ids],
         )
 
