@@ -36,7 +36,7 @@ def _memory_call(
     """The ``ArcticRLClient`` method calling sleep/wake ``operation`` on its ``job_type`` job."""
 
     def call(self: ArcticRLClient) -> dict[str, Any]:
-        return dict(self.transport.call(operation, {"job_id": self._job(job_type)}))
+        return dict(self._call_job(operation, job_type))
 
     call.__doc__ = doc
     return call
@@ -168,6 +168,10 @@ class ArcticRLClient:
             )
         return job_id
 
+    def _call_job(self, operation: str, job_type: str, **fields: Any) -> Any:
+        """Call ``operation`` on this client's ``job_type`` job with ``fields`` besides its id."""
+        return self.transport.call(operation, {"job_id": self._job(job_type), **fields})
+
     def _call_retrying(self, operation: str, payload: dict[str, Any], attempts: int = 3) -> Any:
         """Retry a call that carries a request id: the server applies it at most once."""
         for attempt in range(attempts):
@@ -218,12 +222,10 @@ class ArcticRLClient:
         self, batch: dict[str, Any], reference_model: bool = False
     ) -> list[list[float]]:
         """Per-token log-probs from the training model (or its frozen reference copy)."""
-        payload = {
-            "job_id": self._job("training"),
-            "batch": batch,
-            "reference_model": reference_model,
-        }
-        return list(self.transport.call("fwd_no_grad", payload)["log_probs"])
+        answer = self._call_job(
+            "fwd_no_grad", "training", batch=batch, reference_model=reference_model
+        )
+        return list(answer["log_probs"])
 
     def step(
         self,
@@ -261,22 +263,16 @@ class ArcticRLClient:
 
     def save_checkpoint(self, tag: str | None = None) -> str:
         """Save the full training state; returns the checkpoint path."""
-        return str(
-            self.transport.call("save_checkpoint", {"job_id": self._job("training"), "tag": tag})[
-                "path"
-            ]
-        )
+        return str(self._call_job("save_checkpoint", "training", tag=tag)["path"])
 
     def load_checkpoint(self, path: str | None = None, step: int | None = None) -> int:
         """Load a checkpoint (by path, by step, or the latest); returns the global step."""
-        answer = self.transport.call(
-            "load_checkpoint", {"job_id": self._job("training"), "path": path, "step": step}
-        )
+        answer = self._call_job("load_checkpoint", "training", path=path, step=step)
         return int(answer["global_step"])
 
     def empty_training_cache(self) -> None:
         """Release cached device memory on the training ranks."""
-        self.transport.call("empty_training_cache", {"job_id": self._job("training")})
+        self._call_job("empty_training_cache", "training")
 
     # --- inference ----------------------------------------------------------------------
 
@@ -284,30 +280,16 @@ class ArcticRLClient:
         self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions), ``weight_version``."""
-        return dict(
-            self.transport.call(
-                "generate",
-                {
-                    "job_id": self._job("sampling"),
-                    "prompts": prompts,
-                    "sampling_params": sampling_params or {},
-                },
-            )
-        )
+        params = sampling_params or {}
+        return dict(self._call_job("generate", "sampling", prompts=prompts, sampling_params=params))
 
     def log_probs(
         self, prompts: list[list[int]], completions: list[list[int]], top_k: int = 1
     ) -> dict[str, Any]:
         """Per completion token log-probs (and top-k) from the log-prob job."""
         return dict(
-            self.transport.call(
-                "log_probs",
-                {
-                    "job_id": self._job("log_prob"),
-                    "prompts": prompts,
-                    "completions": completions,
-                    "top_k": top_k,
-                },
+            self._call_job(
+                "log_probs", "log_prob", prompts=prompts, completions=completions, top_k=top_k
             )
         )
 

@@ -91,7 +91,7 @@ def test_a_resumed_server_rolls_back_the_ids_after_the_restored_checkpoint(tmp_p
     back = server.jobs.jobs[1]
     back.global_step = 5  # what the worker restored from the checkpoint at step 5 reports
     back.workers = ["a worker of the new generation"]
-    assert server._replayed(back, "step:kept") == {"global_step": 5}
+    assert server._replayed(back, "step:kept") == {"global_step": 5, "replayed": True}
     with pytest.raises(RolledBackError, match="checkpoint at step 5"):
         back.global_step = 9
         server._replayed(back, "fb:lost")
@@ -101,7 +101,7 @@ def test_a_resumed_server_rolls_back_the_ids_after_the_restored_checkpoint(tmp_p
     assert marks == {"step:kept": None, "fb:lost": 5}  # the rollback is in the table too
     # the same workers again: no second rollback (ids applied since are not touched)
     remember_request(back.request_ids, "fb:new", 9, {"loss": 0.5})
-    assert server._replayed(back, "fb:new") == {"loss": 0.5}
+    assert server._replayed(back, "fb:new") == {"loss": 0.5, "replayed": True}
 
 
 def test_a_job_manager_keeps_request_ids_when_it_persists(tmp_path):

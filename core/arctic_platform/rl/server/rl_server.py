@@ -303,11 +303,13 @@ class RLServer:
             job.changed()
 
     def _replayed(self, job: Job, key: str | None) -> dict[str, Any] | None:
-        """The first result of request ``key`` on ``job`` (None: apply it); call under job.lock."""
+        """Request ``key``'s first result on ``job``, marked ``replayed`` (None: apply it now);
+        call under job.lock."""
         self._settle(job)
         if key is None:
             return None
-        return replay_request(job.request_ids, key, job.job_id, job.global_step)
+        previous = replay_request(job.request_ids, key, job.job_id, job.global_step)
+        return None if previous is None else {**previous, "replayed": True}
 
     def _remember(self, job: Job, key: str | None, base_step: int, result: Any) -> None:
         """Record request ``key``'s result (the caller writes the job table before answering)."""
@@ -322,9 +324,8 @@ class RLServer:
         batch = request.batch.check(self._batch_limits(job))  # built by the request model
         key = request.request_id and f"fb:{request.request_id}"
         with job.lock:
-            previous = self._replayed(job, key)
-            if previous is not None:
-                return {**previous, "replayed": True}
+            if (replayed := self._replayed(job, key)) is not None:
+                return replayed
             base_step = job.global_step
             options = {}
             if request.return_log_probs or request.forward_only:
@@ -369,9 +370,8 @@ class RLServer:
         job = self.jobs.running(request.job_id, "training")
         key = request.request_id and f"step:{request.request_id}"
         with job.lock:
-            previous = self._replayed(job, key)
-            if previous is not None:
-                return {**previous, "replayed": True}
+            if (replayed := self._replayed(job, key)) is not None:
+                return replayed
             base_step = job.global_step
             adam = request.optimizer_params()
             args = (request.learning_rate, adam) if adam else (request.learning_rate,)
