@@ -179,26 +179,14 @@ class SamplingSpec:
         """The ``vllm.SamplingParams`` for one prompt (``seed`` is that prompt's seed)."""
         from vllm import SamplingParams
 
-        return SamplingParams(
-            n=self.n,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=seed,
-            stop=list(self.stop) or None,
-            stop_token_ids=list(self.stop_token_ids) or None,
-            logprobs=self.logprobs,
-            min_tokens=self.min_tokens,
-            ignore_eos=self.ignore_eos,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            prompt_logprobs=0 if self.prompt_logprobs else None,
-        )
+        converted = {
+            "seed": seed,
+            "stop": list(self.stop) or None,
+            "stop_token_ids": list(self.stop_token_ids) or None,
+            "prompt_logprobs": 0 if self.prompt_logprobs else None,
+        }
+        as_is = {key: getattr(self, key) for key in self.keys() if key not in converted}
+        return SamplingParams(**as_is, **converted)
 
     def per_prompt(self, count: int) -> list[Any]:
         """One ``vllm.SamplingParams`` per prompt; distinct seeds when ``seed`` is set."""
