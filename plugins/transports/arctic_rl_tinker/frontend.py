@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from arctic_platform.rl.api import ArcticRLError, InvalidRequestError, JobError, RLServer
 from arctic_rl_tinker import convert
@@ -40,6 +40,7 @@ from arctic_rl_tinker.records import (
 from arctic_rl_tinker.sample_requests import SampleItem, prompt_tokens, sampling_params
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SAMPLE_QUIET = 0.003
 """Seconds a sampler's open batch waits for one more asample before it goes to ``generate``."""
@@ -138,21 +139,20 @@ class TinkerFrontend:
             raise SessionGoneError(f"session {session_id!r} has finished")
         raise UnknownIdError(f"unknown session_id {session_id!r}")
 
+    def _known(self, table: dict[str, _T], key: str, what: str) -> _T:
+        with self._lock:
+            found = table.get(key)
+        if found is None:
+            raise UnknownIdError(f"unknown {what} {key!r}")
+        return found
+
     def model(self, model_id: str) -> Model:
         """The model ``model_id`` (UnknownIdError otherwise)."""
-        with self._lock:
-            model = self.models.get(model_id)
-        if model is None:
-            raise UnknownIdError(f"unknown model_id {model_id!r}")
-        return model
+        return self._known(self.models, model_id, "model_id")
 
     def sampler(self, sampler_id: str) -> Sampler:
         """The sampling session ``sampler_id`` (UnknownIdError otherwise)."""
-        with self._lock:
-            sampler = self.samplers.get(sampler_id)
-        if sampler is None:
-            raise UnknownIdError(f"unknown sampling_session_id {sampler_id!r}")
-        return sampler
+        return self._known(self.samplers, sampler_id, "sampling_session_id")
 
     def _ready(self, model: Model) -> Model:
         if not model.ready.wait(self.job_ready_timeout):
