@@ -86,3 +86,43 @@ def client_config(model: str, port: int | None = None, **fields: Any) -> ArcticR
     )
     values.update(fields)
     return ArcticRLClientConfig(**values)
+
+
+_SECOND_PROCESS = """
+import json
+from arctic_platform.rl.client import ArcticRLClient
+from arctic_platform.rl.config import ArcticRLClientConfig
+config = ArcticRLClientConfig.model_validate_json(open({config!r}).read())
+c = ArcticRLClient(config, progress=False)
+{body}
+c.close()
+print(json.dumps(result))
+"""
+
+
+def in_second_process(
+    client: ArcticRLClient,
+    body: str,
+    folder: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600.0,
+) -> Any:
+    """Run ``body`` in a new Python process where ``c`` is a client reconnected to ``client``'s
+    jobs (through ``reconnect_config()``); ``body`` sets ``result``, which comes back from JSON."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    config_file = folder / "reconnect.json"
+    config_file.write_text(client.reconnect_config().model_dump_json())
+    program = _SECOND_PROCESS.format(config=str(config_file), body=textwrap.dedent(body).strip())
+    out = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env if env is not None else os.environ),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

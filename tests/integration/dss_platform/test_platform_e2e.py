@@ -13,8 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -23,6 +21,10 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+from support import servers
+from support.clients import arctic_home, client_with_token, in_second_process
+from support.rollouts import assert_scores_agree, max_gap, rollouts
+from support.servers import arctic_rl
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -60,48 +62,20 @@ class Platform:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "arctic_platform.rl.cli", "platform", "serve"]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--tokens", str(self.tokens)]
-        cmd += ["--run-dir", str(self.run_dir), "--num-gpus", "4"]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).is_success:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError("platform server did not come up:\n" + self.log.read_text()[-3000:])
+        command = arctic_rl(
+            "platform", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+            "--tokens", str(self.tokens), "--run-dir", str(self.run_dir), "--num-gpus", "4",
+        )  # fmt: skip
+        health = servers.answers(f"http://127.0.0.1:{self.port}/health")
+        self.proc = servers.spawn(command, self.log, health, "the platform server's /health")
 
     def tree(self) -> list[int]:
         assert self.proc is not None
-        return [self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(True))]
-
-    def kill_tree(self, pids: list[int]) -> None:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.proc is not None:
-            self.proc.wait(timeout=30)
+        return [self.proc.pid, *servers.descendants(self.proc.pid)]
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pids = self.tree()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            pass
-        time.sleep(2)
-        self.kill_tree([p for p in pids if psutil.pid_exists(p)])
+        if self.proc is not None:
+            servers.stop(self.proc)
 
     def transport(self, token: str, **kwargs: object) -> DssTransport:
         poll = PollSettings(initial=0.05, factor=1.25, maximum=0.5, timeout=300)
@@ -110,19 +84,12 @@ class Platform:
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    old = {k: os.environ.get(k) for k in [*FAST_POLL, "ARCTIC_RL_HOME", "ARCTIC_RL_PAT"]}
     root = tmp_path_factory.mktemp("platform")
-    os.environ.update(FAST_POLL)
-    os.environ["ARCTIC_RL_HOME"] = str(root / "home")
-    server = Platform(root)
-    server.start()
-    yield server
-    server.stop()
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with arctic_home(root / "home", **FAST_POLL):
+        server = Platform(root)
+        server.start()
+        yield server
+        server.stop()
 
 
 def _config(platform: Platform, model: str, **gpus: int) -> ArcticRLClientConfig:
@@ -139,17 +106,9 @@ def _config(platform: Platform, model: str, **gpus: int) -> ArcticRLClientConfig
     )
 
 
-def _client(config: ArcticRLClientConfig, token: str) -> ArcticRLClient:
-    os.environ["ARCTIC_RL_PAT"] = token
-    try:
-        return ArcticRLClient(config, progress=False)
-    finally:
-        os.environ.pop("ARCTIC_RL_PAT", None)
-
-
 @pytest.fixture(scope="module")
 def alice(platform, tiny_model_path):
-    client = _client(_config(platform, tiny_model_path), ALICE)
+    client = client_with_token(_config(platform, tiny_model_path), ALICE)
     yield client
     client.close()
 
@@ -157,19 +116,9 @@ def alice(platform, tiny_model_path):
 @pytest.fixture(scope="module")
 def bob(platform, tiny_model_path):
     config = _config(platform, tiny_model_path, sampling=0, log_prob=0)
-    client = _client(config, BOB)
+    client = client_with_token(config, BOB)
     yield client
     client.close()
-
-
-def _batch(outputs):
-    rows, plens = [], []
-    for out in outputs:
-        prompt = out["prompt_token_ids"]
-        for completion in out["completions"]:
-            rows.append(prompt + completion["token_ids"])
-            plens.append(len(prompt))
-    return rows, plens
 
 
 def _fb_count(transport: DssTransport, number: int) -> int:
@@ -213,21 +162,14 @@ def test_one_platform_job_holds_three_running_sub_jobs_with_integer_ids(alice):
 def test_the_whole_loop_runs_through_the_platform(alice):
     gen = alice.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 3})
     assert len(gen["outputs"]) == len(PROMPTS)
-    rows, plens = _batch(gen["outputs"])
-    lp = alice.log_probs(
-        [r[:p] for r, p in zip(rows, plens, strict=True)],
-        [r[p:] for r, p in zip(rows, plens, strict=True)],
-    )
-    trainer = alice.fwd_no_grad({"input_ids": rows})
-    for row_lp, out, p in zip(trainer, lp["outputs"], plens, strict=True):
-        assert max(abs(a - b) for a, b in zip(row_lp[p:], out["log_probs"], strict=True)) < 1e-3
+    rows = rollouts(gen["outputs"])
+    lp = alice.log_probs(rows.prompts, rows.completions)
+    trainer = alice.fwd_no_grad({"input_ids": rows.input_ids})
+    scored = [out["log_probs"] for out in lp["outputs"]]
+    assert max_gap(trainer, scored, rows.prompt_lengths) < 1e-3
 
-    masks = [[0] * p + [1] * (len(r) - p) for r, p in zip(rows, plens, strict=True)]
-    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
     norm_before = alice.weight_norm()["training"]
-    metrics = alice.fwd_bwd(
-        {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": trainer}
-    )
+    metrics = alice.fwd_bwd(rows.batch(old_log_probs=trainer))
     assert "loss" in metrics
     assert alice.step()["global_step"] == 1
     assert alice.weight_norm()["training"] != norm_before
@@ -240,11 +182,7 @@ def test_the_whole_loop_runs_through_the_platform(alice):
 
     after = alice.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 4})
     assert after["weight_version"] == 1
-    rows, plens = _batch(after["outputs"])
-    trainer = alice.fwd_no_grad({"input_ids": rows})
-    sampled = [c["logprobs"] for o in after["outputs"] for c in o["completions"]]
-    for row_lp, s, p in zip(trainer, sampled, plens, strict=True):
-        assert max(abs(a - b) for a, b in zip(row_lp[p:], s, strict=True)) <= 1e-3
+    assert_scores_agree(alice, after["outputs"], log_probs=False)
 
 
 def test_cache_and_memory_operations_answer_inline(alice):
@@ -376,28 +314,15 @@ def test_after_a_load_a_retried_step_key_applies_again_and_a_fwd_bwd_key_is_a_40
 
 def test_a_second_process_reconnects_by_integer_ids(alice, platform, tmp_path):
     step_before = alice.step()["global_step"]
-    config_file = tmp_path / "reconnect.json"
-    config_file.write_text(alice.reconnect_config().model_dump_json())
-    program = textwrap.dedent(
-        f"""
-        import json
-        from arctic_platform.rl.client import ArcticRLClient
-        from arctic_platform.rl.config import ArcticRLClientConfig
-        cfg = ArcticRLClientConfig.model_validate_json(open({str(config_file)!r}).read())
-        c = ArcticRLClient(cfg, progress=False)
-        m = c.fwd_bwd({{"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}},
+    body = """
+        m = c.fwd_bwd({"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]},
                       loss_fn="importance_sampling")
         s = c.step()
-        c.close()
-        print(json.dumps({{"step": s["global_step"], "loss": m["loss"]}}))
+        result = {"step": s["global_step"], "loss": m["loss"]}
         """
-    )
     env = {**os.environ, "ARCTIC_RL_PAT": ALICE}
-    out = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == step_before + 1
+    result = in_second_process(alice, body, tmp_path, env=env, timeout=300)
+    assert result["step"] == step_before + 1
     # nothing accumulated here since: the step applies nothing, the jobs outlived the client
     assert alice.step()["global_step"] == step_before + 1
     assert len(alice.get_server_state()["jobs"]) == 1  # reconnecting created nothing
@@ -427,7 +352,7 @@ def test_bad_requests_get_clear_4xx_and_the_platform_keeps_serving(alice):
 def test_a_sub_job_that_cannot_start_reports_why(platform):
     config = _config(platform, "/nonexistent/model-dir", sampling=0, log_prob=0)
     with pytest.raises(JobError) as info:
-        _client(config.model_copy(update={"job_ready_timeout": 300}), CAROL)
+        client_with_token(config.model_copy(update={"job_ready_timeout": 300}), CAROL)
     message = str(info.value)
     assert "failed" in message and "nonexistent" in message, message
 
@@ -595,7 +520,7 @@ def test_a_job_that_cannot_be_placed_in_time_hits_job_ready_timeout(bob, platfor
     assert bob.transport.call("status")["capacity"]["available_gpus"] == 0
     config = _config(platform, "unused-model", sampling=0, log_prob=0)
     with pytest.raises(JobError, match="job_ready_timeout"):
-        _client(config.model_copy(update={"job_ready_timeout": 2}), CAROL)
+        client_with_token(config.model_copy(update={"job_ready_timeout": 2}), CAROL)
     carol = platform.transport(CAROL)
     try:
         states = [j["status"] for j in carol.call("status")["jobs"]]
@@ -780,7 +705,8 @@ def test_killing_the_platform_mid_request_gives_a_clear_error_and_creates_nothin
         os.kill(pid, signal.SIGSTOP)
     still = next(r for r in _records(t) if r["request_id"] == running["request_id"])
     assert still["status"] == "running", still
-    platform.kill_tree(tree)
+    servers.kill(tree)
+    platform.proc.wait(timeout=30)
     deadline = time.monotonic() + 60
     while alive := [pid for pid in tree if _alive(pid)]:  # the port and GPUs are free again
         assert time.monotonic() < deadline, f"processes survived SIGKILL: {alive}"

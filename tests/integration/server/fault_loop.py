@@ -23,6 +23,13 @@ from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
 
 LOSS = "cross_entropy"
+DETERMINISTIC = {  # the client settings of the fault tests' training jobs
+    "startup_timeout": 120,
+    "full_determinism": True,
+    "seed": 7,
+    # eps=1 makes the update grow with the gradient, so a gradient applied twice shows
+    "training_config": {"optimizer": {"lr": 1e-2, "eps": 1.0, "gradient_clipping": None}},
+}
 
 
 def batch(i: int) -> dict:

@@ -10,15 +10,11 @@ the job is at, an engine failure (a 500 with the traceback in the job's log), ba
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from support.clients import arctic_home, client_config, in_second_process
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -32,33 +28,23 @@ BATCH = {"input_ids": [ROW, ROW[:5]], "advantages": [1.0, -0.5]}
 
 
 def _config(model: str, checkpoint_path: Path, log_prob_gpus: int = 1) -> ArcticRLClientConfig:
-    return ArcticRLClientConfig(
-        model_name=model,
-        comm_protocol="http",
-        host="127.0.0.1",
-        port=free_port(),
+    return client_config(
+        model,
+        free_port(),
         training_gpus=2,
+        sampling_gpus=0,
         log_prob_gpus=log_prob_gpus,
         log_prob_engine="deepspeed",
         ds_config={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
         checkpoint_path=str(checkpoint_path),
-        ray_auto_attach=False,
-        server_logs=False,
-        startup_timeout=300,
-        job_ready_timeout=600,
         training_config={"optimizer": {"lr": 1e-2}},
     )
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    old = os.environ.get("ARCTIC_RL_HOME")
-    os.environ["ARCTIC_RL_HOME"] = str(tmp_path_factory.mktemp("arctic-home"))
-    yield
-    if old is None:
-        os.environ.pop("ARCTIC_RL_HOME", None)
-    else:
-        os.environ["ARCTIC_RL_HOME"] = old
+    with arctic_home(tmp_path_factory.mktemp("arctic-home")):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -114,32 +100,14 @@ def test_a_reconnected_process_steps_with_nothing_accumulated(client, root, tmp_
     path = client.save_checkpoint()
     assert Path(path).parent == root
     step, before = client.job_info("training")["global_step"], _norms(client)["training"]
-    config_file = tmp_path / "reconnect.json"
-    config_file.write_text(client.reconnect_config().model_dump_json())
-    program = textwrap.dedent(
-        f"""
-        import json
-        from arctic_platform.rl.client import ArcticRLClient
-        from arctic_platform.rl.config import ArcticRLClientConfig
-        cfg = ArcticRLClientConfig.model_validate_json(open({str(config_file)!r}).read())
-        c = ArcticRLClient(cfg, progress=False)
+    body = f"""
         idle = c.step()
         norm = c.weight_norm()["training"]
         c.fwd_bwd({BATCH!r}, loss_fn="importance_sampling")
         done = c.step()
-        c.close()
-        print(json.dumps({{"idle": idle, "norm": norm, "done": done}}))
+        result = {{"idle": idle, "norm": norm, "done": done}}
         """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ),
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = in_second_process(client, body, tmp_path)
     assert result["idle"]["applied"] is False and result["idle"]["global_step"] == step
     assert result["norm"] == before
     assert result["done"]["applied"] is True and result["done"]["global_step"] == step + 1

@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fault_loop import LOSS
+from fault_loop import DETERMINISTIC, LOSS
 from fault_loop import batch as _batch
-from processes import descendants, kill_loop_after_fwd_bwd, reap
+from processes import kill_loop_after_fwd_bwd
+from support import servers
+from support.clients import arctic_home, client_config
+from support.servers import arctic_rl, descendants
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -61,23 +64,16 @@ class Server:
     pids: set[int] = field(default_factory=set)  # processes under the server(s)
 
     def launch(self, *args: str) -> None:
-        log = (self.run_dir / "test-server.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "arctic_platform.rl.cli", "serve", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=dict(os.environ),
-        )
-        log.close()
         transport = self.transport()
-        deadline = time.monotonic() + 180
-        while not transport.health():
-            assert self.proc.poll() is None, self.log_tail()
-            assert time.monotonic() < deadline, "server not healthy in 180 s\n" + self.log_tail()
-            time.sleep(0.5)
-        transport.close()
+        try:
+            self.proc = servers.spawn(
+                arctic_rl("serve", *args),
+                self.run_dir / "test-server.log",
+                transport.health,
+                f"the http server on port {self.port} (transport.health())",
+            )
+        finally:
+            transport.close()
 
     def remember_processes(self) -> None:
         assert self.proc is not None
@@ -86,49 +82,26 @@ class Server:
     def transport(self):
         return get_registry().get("transport", "http").create("127.0.0.1", self.port, self.token)
 
-    def log_tail(self) -> str:
-        text = (self.run_dir / "test-server.log").read_text(errors="replace")
-        return "\n".join(text.splitlines()[-60:])
-
     def config(self, **fields) -> ArcticRLClientConfig:
-        values = dict(
-            model_name=self.model,
-            comm_protocol="http",
-            host="127.0.0.1",
-            port=self.port,
-            training_gpus=0,
-            sampling_gpus=0,
-            log_prob_gpus=0,
-            ray_auto_attach=False,
-            server_logs=False,
-            startup_timeout=120,
-            job_ready_timeout=600,
-            full_determinism=True,
-            seed=7,
-            # eps=1 makes the update grow with the gradient, so a gradient applied twice shows
-            training_config={"optimizer": {"lr": 1e-2, "eps": 1.0, "gradient_clipping": None}},
-        )
+        values = dict(training_gpus=0, sampling_gpus=0, log_prob_gpus=0, **DETERMINISTIC)
         values.update(fields)
-        return ArcticRLClientConfig(**values)
+        return client_config(self.model, self.port, **values)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
-    home = tmp_path_factory.mktemp("arctic-home")
-    old = os.environ.get("ARCTIC_RL_HOME")
-    os.environ["ARCTIC_RL_HOME"] = str(home)
-    port = free_port()
-    run_dir = server_run_dir("127.0.0.1", port, "http")
-    run_dir.mkdir(parents=True)
-    token = read_or_create_token(run_dir / "token")
-    srv = Server(run_dir, port, token, tiny_model_path)
-    srv.launch(
-        "--host", "127.0.0.1", "--port", str(port), "--run-dir", str(run_dir),
-        "--token-file", str(run_dir / "token"), "--num-gpus", "3",
-        "--op-timeout", str(OP_TIMEOUT), "--no-ray-auto-attach",
-    )  # fmt: skip
-    yield srv
-    try:
+    with arctic_home(tmp_path_factory.mktemp("arctic-home")):
+        port = free_port()
+        run_dir = server_run_dir("127.0.0.1", port, "http")
+        run_dir.mkdir(parents=True)
+        token = read_or_create_token(run_dir / "token")
+        srv = Server(run_dir, port, token, tiny_model_path)
+        srv.launch(
+            "--host", "127.0.0.1", "--port", str(port), "--run-dir", str(run_dir),
+            "--token-file", str(run_dir / "token"), "--num-gpus", "3",
+            "--op-timeout", str(OP_TIMEOUT), "--no-ray-auto-attach",
+        )  # fmt: skip
+        yield srv
         if srv.proc is not None and srv.proc.poll() is None:
             srv.remember_processes()
             transport = srv.transport()
@@ -140,13 +113,8 @@ def server(tiny_model_path, tmp_path_factory):
             try:
                 srv.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                srv.proc.kill()
-        reap(srv.pids)
-    finally:
-        if old is None:
-            os.environ.pop("ARCTIC_RL_HOME", None)
-        else:
-            os.environ["ARCTIC_RL_HOME"] = old
+                servers.stop(srv.proc)
+        servers.reap(srv.pids)
 
 
 @dataclass
@@ -317,7 +285,7 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
     assert server.proc is not None
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
-    reap(server.pids)  # Ray's processes go down with the server that started them
+    servers.reap(server.pids)  # Ray's processes go down with the server that started them
     server.launch("--resume", str(server.run_dir))  # address, transport, token from the table
 
     k2 = ArcticRLClient(k.reconnect_config(), progress=False)  # waits for the resumed job

@@ -19,11 +19,13 @@ import sys
 import time
 
 import pytest
-from fault_loop import LOSS, batch
-from processes import descendants, kill_loop_after_fwd_bwd, reap
+from fault_loop import DETERMINISTIC, LOSS, batch
+from processes import kill_loop_after_fwd_bwd
+from support import servers
+from support.clients import arctic_home, client_config
+from support.servers import arctic_rl, descendants
 
 from arctic_platform.rl.client import ArcticRLClient
-from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.run_dirs import server_run_dir
 
 pytestmark = pytest.mark.slow
@@ -34,66 +36,36 @@ STEPS = 6
 
 def _launch(run_dir, *args: str) -> subprocess.Popen:
     started = time.time()
-    log = (run_dir / "test-server.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "arctic_platform.rl.cli", "serve", *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=dict(os.environ),
-    )
-    log.close()
-    deadline = time.monotonic() + 180
     address = run_dir / "ray_address"  # written once the server actor answers
-    while not (address.exists() and address.stat().st_mtime >= started - 1):
-        assert proc.poll() is None, (run_dir / "test-server.log").read_text()[-4000:]
-        assert time.monotonic() < deadline, "the ray server did not come up in 180 s"
-        time.sleep(0.5)
-    return proc
+
+    def written() -> bool:
+        return address.exists() and address.stat().st_mtime >= started - 1
+
+    what = f"the ray server's {address} (written once its actor answers)"
+    return servers.spawn(arctic_rl("serve", *args), run_dir / "test-server.log", written, what)
 
 
 @pytest.fixture(scope="module")
 def ray_server(tiny_model_path, tmp_path_factory):
     """``(run_dir, config, processes)`` of a ray-transport server this module started."""
-    home = tmp_path_factory.mktemp("arctic-home")
-    old = os.environ.get("ARCTIC_RL_HOME")
-    os.environ["ARCTIC_RL_HOME"] = str(home)
-    run_dir = server_run_dir(None, None, "ray")
-    run_dir.mkdir(parents=True)
-    state = {"proc": _launch(run_dir, "--transport", "ray", "--run-dir", str(run_dir),
-                             "--num-gpus", "1", "--no-ray-auto-attach")}  # fmt: skip
-    config = ArcticRLClientConfig(
-        model_name=tiny_model_path,
-        comm_protocol="ray",
-        training_gpus=1,
-        sampling_gpus=0,
-        log_prob_gpus=0,
-        ray_auto_attach=False,
-        server_logs=False,
-        startup_timeout=120,
-        job_ready_timeout=600,
-        full_determinism=True,
-        seed=7,
-        training_config={"optimizer": {"lr": 1e-2, "eps": 1.0, "gradient_clipping": None}},
-    )
-    pids: set[int] = set()
-    yield run_dir, config, state, pids
-    try:
-        proc = state["proc"]
-        if proc.poll() is None:
-            pids |= descendants(proc.pid)
-            proc.send_signal(signal.SIGTERM)  # stops the server actor and its cluster
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        reap(pids)
-    finally:
-        if old is None:
-            os.environ.pop("ARCTIC_RL_HOME", None)
-        else:
-            os.environ["ARCTIC_RL_HOME"] = old
+    with arctic_home(tmp_path_factory.mktemp("arctic-home")):
+        run_dir = server_run_dir(None, None, "ray")
+        run_dir.mkdir(parents=True)
+        state = {"proc": _launch(run_dir, "--transport", "ray", "--run-dir", str(run_dir),
+                                 "--num-gpus", "1", "--no-ray-auto-attach")}  # fmt: skip
+        config = client_config(
+            tiny_model_path,
+            comm_protocol="ray",
+            host=None,
+            sampling_gpus=0,
+            log_prob_gpus=0,
+            **DETERMINISTIC,
+        )
+        pids: set[int] = set()
+        yield run_dir, config, state, pids
+        pids |= descendants(state["proc"].pid)
+        servers.stop(state["proc"], grace=120)  # SIGTERM stops the server actor and its cluster
+        servers.reap(pids)
 
 
 def test_a_killed_ray_driver_is_replaced_and_the_repeated_fwd_bwd_is_not_applied_twice(
@@ -135,7 +107,7 @@ def test_a_killed_ray_server_resumes_its_job_from_the_checkpoint_with_the_same_i
     pids |= descendants(state["proc"].pid)
     state["proc"].send_signal(signal.SIGKILL)
     state["proc"].wait()
-    reap(pids)  # the cluster went down with the process that started it
+    servers.reap(pids)  # the cluster went down with the process that started it
 
     # the local backend finds the dead server's job table and starts `serve --resume` itself
     client = ArcticRLClient(config.for_reconnect(training_job_id=job_id), progress=False)

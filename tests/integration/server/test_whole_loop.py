@@ -8,16 +8,13 @@ same jobs.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import psutil
 import pytest
+from support.clients import in_second_process
 from support.rollouts import assert_scores_agree, max_gap, rollouts
 
 from arctic_platform.rl.errors import JobError, ServerError
@@ -122,33 +119,15 @@ def test_a_second_process_reconnects_and_continues_training(loop, live, tmp_path
     idle = client.step()  # nothing accumulated since the last step: nothing changes
     assert idle["applied"] is False
     step_before = idle["global_step"]
-    config_file = tmp_path / "reconnect.json"
-    config_file.write_text(client.reconnect_config().model_dump_json())
-    program = textwrap.dedent(
-        f"""
-        import json
-        from arctic_platform.rl.client import ArcticRLClient
-        from arctic_platform.rl.config import ArcticRLClientConfig
-        cfg = ArcticRLClientConfig.model_validate_json(open({str(config_file)!r}).read())
-        c = ArcticRLClient(cfg, progress=False)
+    body = """
         idle = c.step()  # a reconnected process steps before any fwd_bwd (issue 17)
-        m = c.fwd_bwd({{"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]}},
+        m = c.fwd_bwd({"input_ids": [[1, 5, 6, 7, 8]], "advantages": [1.0]},
                       loss_fn="importance_sampling")
         s = c.step()
-        c.close()
-        print(json.dumps({{"idle": [idle["applied"], idle["global_step"]],
-                          "step": s["global_step"], "applied": s["applied"], "loss": m["loss"]}}))
+        result = {"idle": [idle["applied"], idle["global_step"]],
+                  "step": s["global_step"], "applied": s["applied"], "loss": m["loss"]}
         """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=live.env(),
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = in_second_process(client, body, tmp_path, env=live.env())
     assert result["idle"] == [False, step_before]
     assert result["step"] == step_before + 1 and result["applied"] is True
     assert client.step()["global_step"] == step_before + 1  # the jobs outlived the other client
