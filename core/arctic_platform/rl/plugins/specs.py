@@ -79,7 +79,21 @@ class _Spec:
 
 
 @dataclass(frozen=True)
-class BackendSpec(_Spec):
+class _ServedSpec(_Spec):
+    """A spec whose optional ``server_factory`` runs its server side."""
+
+    server_factory: Any = None
+    no_server: ClassVar[str]  # "<kind> {name!r} has no ...": the error when it has none
+
+    def load_server(self) -> Any:
+        """The server-side factory, importing it when it is a lazy string."""
+        if self.server_factory is None:
+            raise PluginError(self.no_server.format(name=self.name))
+        return resolve_factory(self.server_factory, f"{type(self).__name__} {self.name!r} server")
+
+
+@dataclass(frozen=True)
+class BackendSpec(_ServedSpec):
     """A backend: who owns the cluster (``local`` starts it, ``dss-platform`` is remote).
 
     ``server_factory``, when set, runs the platform server this backend talks to
@@ -90,19 +104,13 @@ class BackendSpec(_Spec):
     a config naming another is refused when it is built.
     """
 
-    server_factory: Any = None
     needs_gpus: bool = False
     transports: tuple[str, ...] = ()
-
-    def load_server(self) -> Any:
-        """The platform-server factory, importing it when it is a lazy string."""
-        if self.server_factory is None:
-            raise PluginError(f"backend {self.name!r} has no platform server")
-        return resolve_factory(self.server_factory, f"BackendSpec {self.name!r} server")
+    no_server: ClassVar[str] = "backend {name!r} has no platform server"
 
 
 @dataclass(frozen=True)
-class TransportSpec(_Spec):
+class TransportSpec(_ServedSpec):
     """A transport between client and server.
 
     ``factory`` builds the client side; ``server_factory`` hosts an ``RLServer``.
@@ -110,15 +118,9 @@ class TransportSpec(_Spec):
     config leaves them unset, host becomes this node's primary IPv4 and port ``default_port``.
     """
 
-    server_factory: Any = None
     network_address: bool = True
     default_port: int | None = None
-
-    def load_server(self) -> Any:
-        """The server-side factory, importing it when it is a lazy string."""
-        if self.server_factory is None:
-            raise PluginError(f"transport {self.name!r} has no server side")
-        return resolve_factory(self.server_factory, f"TransportSpec {self.name!r} server")
+    no_server: ClassVar[str] = "transport {name!r} has no server side"
 
 
 @dataclass(frozen=True)
