@@ -128,14 +128,26 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def _one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        """The first row ``sql`` selects (None: no row), read under the lock."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Every row ``sql`` selects, read under the lock."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def _write(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        """Run one statement that changes the database, under the lock."""
+        with self._lock:
+            self._db.execute(sql, params)
+
     # --- jobs ---------------------------------------------------------------------------
 
     def job_exists(self, owner: str, job_id: str) -> bool:
         """Whether ``owner`` has a job ``job_id`` (from any boot)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM jobs WHERE owner = ? AND job_id = ?", (owner, job_id)
-            ).fetchone()
+        row = self._one("SELECT 1 FROM jobs WHERE owner = ? AND job_id = ?", (owner, job_id))
         return row is not None
 
     def add_job(
@@ -170,12 +182,11 @@ class Store:
 
     def job(self, owner: str, job_id: str) -> JobRow | None:
         """The job, or None when ``owner`` has no job of that id."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT owner, job_id, body, boot, created_at, updated_at, cancelled, lost_reason "
-                "FROM jobs WHERE owner = ? AND job_id = ?",
-                (owner, job_id),
-            ).fetchone()
+        row = self._one(
+            "SELECT owner, job_id, body, boot, created_at, updated_at, cancelled, lost_reason "
+            "FROM jobs WHERE owner = ? AND job_id = ?",
+            (owner, job_id),
+        )
         return None if row is None else self._job(row)
 
     def jobs(self, owner: str | None) -> list[JobRow]:
@@ -184,22 +195,18 @@ class Store:
             "SELECT owner, job_id, body, boot, created_at, updated_at, cancelled, lost_reason "
             "FROM jobs"
         )
-        with self._lock:
-            if owner is None:
-                rows = self._db.execute(query + " ORDER BY created_at").fetchall()
-            else:
-                rows = self._db.execute(
-                    query + " WHERE owner = ? ORDER BY created_at", (owner,)
-                ).fetchall()
+        if owner is None:
+            rows = self._all(query + " ORDER BY created_at")
+        else:
+            rows = self._all(query + " WHERE owner = ? ORDER BY created_at", (owner,))
         return [self._job(r) for r in rows]
 
     def mark_cancelled(self, owner: str, job_id: str) -> None:
         """Record that the owner cancelled the job."""
-        with self._lock:
-            self._db.execute(
-                "UPDATE jobs SET cancelled = 1, updated_at = ? WHERE owner = ? AND job_id = ?",
-                (time.time(), owner, job_id),
-            )
+        self._write(
+            "UPDATE jobs SET cancelled = 1, updated_at = ? WHERE owner = ? AND job_id = ?",
+            (time.time(), owner, job_id),
+        )
 
     # --- sub-jobs -----------------------------------------------------------------------
 
@@ -210,18 +217,14 @@ class Store:
 
     def sub_jobs(self, owner: str, job_id: str) -> list[SubJobRow]:
         """The sub-jobs of a job in creation order."""
-        with self._lock:
-            rows = self._db.execute(
-                self._SUB + " WHERE owner = ? AND job_id = ? ORDER BY number", (owner, job_id)
-            ).fetchall()
+        rows = self._all(
+            self._SUB + " WHERE owner = ? AND job_id = ? ORDER BY number", (owner, job_id)
+        )
         return [self._sub(r) for r in rows]
 
     def sub_job_by_number(self, owner: str, number: int) -> SubJobRow | None:
         """The owner's sub-job with client number ``number`` (None for anyone else's)."""
-        with self._lock:
-            row = self._db.execute(
-                self._SUB + " WHERE owner = ? AND number = ?", (owner, number)
-            ).fetchone()
+        row = self._one(self._SUB + " WHERE owner = ? AND number = ?", (owner, number))
         return None if row is None else self._sub(row)
 
     # --- requests -----------------------------------------------------------------------
@@ -256,12 +259,11 @@ class Store:
 
     def request_for_key(self, owner: str, job_id: str, key: str) -> tuple[str, str | None] | None:
         """``(request id, fingerprint)`` of the job's request made with ``key``, if any."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT request_id, fingerprint FROM requests WHERE owner = ? AND job_id = ? AND "
-                "idempotency_key = ?",
-                (owner, job_id, key),
-            ).fetchone()
+        row = self._one(
+            "SELECT request_id, fingerprint FROM requests WHERE owner = ? AND job_id = ? AND "
+            "idempotency_key = ?",
+            (owner, job_id, key),
+        )
         return None if row is None else (str(row[0]), row[1])
 
     def set_request(self, request_id: str, status: str, **fields: Any) -> None:
@@ -269,12 +271,11 @@ class Store:
         allowed = {"error", "error_code", "error_status", "has_result"}
         assert set(fields) <= allowed, fields
         sets = ", ".join(f"{k} = ?" for k in fields)
-        with self._lock:
-            self._db.execute(
-                f"UPDATE requests SET status = ?, updated_at = ?{', ' + sets if sets else ''} "
-                "WHERE request_id = ?",
-                (status, time.time(), *fields.values(), request_id),
-            )
+        self._write(
+            f"UPDATE requests SET status = ?, updated_at = ?{', ' + sets if sets else ''} "
+            "WHERE request_id = ?",
+            (status, time.time(), *fields.values(), request_id),
+        )
 
     def reopen_request(self, request_id: str) -> bool:
         """Move an ended request back to ``pending`` to run it again (its error and result
@@ -303,20 +304,18 @@ class Store:
 
     def request(self, owner: str, job_id: str, request_id: str) -> dict[str, Any] | None:
         """The record, or None unless it belongs to this owner's job."""
-        with self._lock:
-            row = self._db.execute(
-                self._REQ + " WHERE owner = ? AND job_id = ? AND request_id = ?",
-                (owner, job_id, request_id),
-            ).fetchone()
+        row = self._one(
+            self._REQ + " WHERE owner = ? AND job_id = ? AND request_id = ?",
+            (owner, job_id, request_id),
+        )
         return None if row is None else self._req(row)
 
     def requests(self, owner: str, job_id: str, limit: int = 1000) -> list[dict[str, Any]]:
         """The job's request records, newest first."""
-        with self._lock:
-            rows = self._db.execute(
-                self._REQ + " WHERE owner = ? AND job_id = ? ORDER BY created_at DESC LIMIT ?",
-                (owner, job_id, limit),
-            ).fetchall()
+        rows = self._all(
+            self._REQ + " WHERE owner = ? AND job_id = ? ORDER BY created_at DESC LIMIT ?",
+            (owner, job_id, limit),
+        )
         return [self._req(r) for r in rows]
 
     def result_path(self, request_id: str) -> Path:
@@ -330,28 +329,25 @@ class Store:
     ) -> None:
         """Note what the platform knows of the checkpoint at ``path`` (core's catalog has its
         step): the loss of the last forward-backward before it, its type, when it was saved."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO checkpoint_notes (owner, job_id, path, avg_loss, "
-                "checkpoint_type, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (owner, job_id, path, avg_loss, checkpoint_type, time.time()),
-            )
+        self._write(
+            "INSERT OR REPLACE INTO checkpoint_notes (owner, job_id, path, avg_loss, "
+            "checkpoint_type, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (owner, job_id, path, avg_loss, checkpoint_type, time.time()),
+        )
 
     def checkpoint_notes(self, owner: str, job_id: str) -> dict[str, dict[str, Any]]:
         """The job's checkpoint notes by path."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT path, avg_loss, checkpoint_type, created_at FROM checkpoint_notes "
-                "WHERE owner = ? AND job_id = ?",
-                (owner, job_id),
-            ).fetchall()
+        rows = self._all(
+            "SELECT path, avg_loss, checkpoint_type, created_at FROM checkpoint_notes "
+            "WHERE owner = ? AND job_id = ?",
+            (owner, job_id),
+        )
         keys = ("avg_loss", "checkpoint_type", "created_at")
         return {str(r[0]): dict(zip(keys, r[1:], strict=True)) for r in rows}
 
     def delete_checkpoint_note(self, owner: str, job_id: str, path: str) -> None:
         """Forget the note of the checkpoint at ``path``."""
-        with self._lock:
-            self._db.execute(
-                "DELETE FROM checkpoint_notes WHERE owner = ? AND job_id = ? AND path = ?",
-                (owner, job_id, path),
-            )
+        self._write(
+            "DELETE FROM checkpoint_notes WHERE owner = ? AND job_id = ? AND path = ?",
+            (owner, job_id, path),
+        )
