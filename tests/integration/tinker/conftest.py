@@ -7,17 +7,14 @@ sampling jobs of a model share it); tests talk to it with the real ``tinker`` SD
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import psutil
 import pytest
+from support import servers
+from support.servers import arctic_rl
 
 from arctic_platform.rl.testing import free_port
 
@@ -56,29 +53,6 @@ class TinkerServer:
         return {**os.environ, "TINKER_BASE_URL": self.base_url, "TINKER_API_KEY": self.token}
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server (it closes its jobs and Ray), then SIGKILL what it left behind."""
-    try:
-        children = {c.pid for c in psutil.Process(process.pid).children(recursive=True)}
-    except psutil.NoSuchProcess:
-        children = set()
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    deadline = time.monotonic() + 30
-    for pid in children:
-        try:
-            proc = psutil.Process(pid)
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except psutil.NoSuchProcess:
-            continue
-        except psutil.TimeoutExpired:
-            proc.kill()
-
-
 @pytest.fixture(scope="session")
 def tinker_server(
     tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory
@@ -90,31 +64,19 @@ def tinker_server(
     port = free_port()
     log = run_dir / "server.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ARCTIC_RL_HOME": str(run_dir / "home")}
-    cmd = [
-        sys.executable, "-m", "arctic_platform.rl.cli", "serve",
-        "--transport", "tinker", "--host", "127.0.0.1", "--port", str(port),
+    command = arctic_rl(
+        "serve", "--transport", "tinker", "--host", "127.0.0.1", "--port", str(port),
         "--token-file", str(token_file), "--run-dir", str(run_dir / "server"),
         "--num-gpus", "1", "--no-ray-auto-attach",
-    ]  # fmt: skip
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
+    )  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        assert process.poll() is None, f"the tinker server exited: {log.read_text()[-3000:]}"
-        try:
-            if httpx.get(f"{base_url}/api/v1/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"no tinker server after 300 s: {log.read_text()}"
-        time.sleep(0.5)
+    health = servers.answers(f"{base_url}/api/v1/healthz")
+    what = "the tinker server's /api/v1/healthz"
+    process = servers.spawn(command, log, health, what, timeout=300, env=env, new_session=False)
     try:
         yield TinkerServer(base_url, TOKEN, tiny_model_path, log, process)
     finally:
-        _stop(process)
+        servers.stop(process, reap_grace=30)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
 
 import pytest
+
+from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 10.0
@@ -101,12 +102,6 @@ class _Side:
             self.process.kill()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _sync(results, sender, receiver, version, die=False, expect=2):
     sender.commands.put(version)
     receiver.commands.put((version, die))
@@ -124,7 +119,7 @@ def _sync(results, sender, receiver, version, die=False, expect=2):
 def test_pair_worlds_are_kept_and_rebuilt_after_failures():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     sides: list[_Side] = []
 
     def sync(sender, receiver, version, die=False, expect=2):
@@ -160,7 +155,7 @@ def test_pair_worlds_are_kept_and_rebuilt_after_failures():
 def test_shared_memory_pairs_are_kept_too():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     sides = [
         _Side(ctx, _sender, port, results, shm=True),
         _Side(ctx, _receiver, port, results, shm=True),
@@ -200,7 +195,7 @@ def _listen_report(role, port, results):
 def test_kept_pair_worlds_listen_on_loopback_only():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_listen_report, args=(role, port, results))
         for role in ("sender", "receiver")
