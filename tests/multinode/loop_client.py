@@ -9,69 +9,44 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the kit, ``support``
+from support.rollouts import max_gap, rollouts
 
 PROMPTS = ["12 + 30 =", "the sum of digits", "write a number", "count to five"]
 GREEDY = {"n": 1, "max_tokens": 6, "temperature": 0.0}
 SAMPLED = {"n": 2, "max_tokens": 6, "temperature": 1.0, "seed": 0}
 
 
-def _batch(outputs: list[dict]) -> tuple[dict, list[list[float]]]:
-    rows, masks, sampled = [], [], []
-    for out in outputs:
-        prompt = list(out["prompt_token_ids"])
-        for completion in out["completions"]:
-            tokens = list(completion["token_ids"])
-            rows.append(prompt + tokens)
-            masks.append([0] * len(prompt) + [1] * len(tokens))
-            sampled.append([0.0] * len(prompt) + [float(x) for x in completion["logprobs"]])
-    advantages = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
-    return {"input_ids": rows, "loss_mask": masks, "advantages": advantages}, sampled
-
-
-def _max_gap(a: list[list[float]], b: list[list[float]], masks: list[list[int]]) -> float:
-    gap = 0.0
-    for row_a, row_b, mask in zip(a, b, masks, strict=True):
-        for x, y, m in zip(row_a, row_b, mask, strict=True):
-            if m:
-                gap = max(gap, abs(float(x) - float(y)))
-    return gap
-
-
 def loop(client) -> dict:
     """generate → log_probs → fwd_no_grad → grpo fwd_bwd → step → sync → generate."""
     first = client.generate(PROMPTS, SAMPLED)
-    batch, sampled = _batch(first["outputs"])
+    rows = rollouts(first["outputs"])
+    batch = rows.batch()
     trainer = client.fwd_no_grad(batch)
-    prompts = [o["prompt_token_ids"] for o in first["outputs"] for _ in o["completions"]]
-    completions = [c["token_ids"] for o in first["outputs"] for c in o["completions"]]
-    scored = client.log_probs(prompts, completions)["outputs"]
+    scored = client.log_probs(rows.prompts, rows.completions)["outputs"]
     batch["old_log_probs"] = trainer
     metrics = client.fwd_bwd(batch, loss_fn="grpo")
     step = client.step()
     sync = client.sync_weights()
     after = client.generate(PROMPTS, GREEDY)
     trainer_after = client.fwd_no_grad(batch)
-    sampler_after = client.log_probs(prompts, completions)["outputs"]
+    sampler_after = client.log_probs(rows.prompts, rows.completions)["outputs"]
     norms = client.weight_norm()
     saved = client.save_checkpoint()
-    masks = batch["loss_mask"]
 
-    def completion_rows(outputs: list[dict]) -> list[list[float]]:
-        rows = []
-        for prompt, out in zip(prompts, outputs, strict=True):
-            values = out["log_probs"]
-            rows.append([0.0] * len(prompt) + [float(v) for v in values])
-        return rows
+    def gap(trainer_rows: list[list[float]], outputs: list[dict]) -> float:
+        tails = [out["log_probs"] for out in outputs]
+        return max_gap(trainer_rows, tails, rows.prompt_lengths)
 
     return {
         "weight_version_before": first["weight_version"],
         "weight_version_after": after["weight_version"],
         "sync": {k: sync[k] for k in ("weight_version", "bytes", "seconds") if k in sync},
-        "gap_trainer_vs_sampler_step0": _max_gap(trainer, sampled, masks),
-        "gap_trainer_vs_logprob_step0": _max_gap(trainer, completion_rows(scored), masks),
-        "gap_trainer_vs_logprob_after_sync": _max_gap(
-            trainer_after, completion_rows(sampler_after), masks
-        ),
+        "gap_trainer_vs_sampler_step0": max_gap(trainer, rows.sampled, rows.prompt_lengths),
+        "gap_trainer_vs_logprob_step0": gap(trainer, scored),
+        "gap_trainer_vs_logprob_after_sync": gap(trainer_after, sampler_after),
         "loss": metrics["loss"],
         "global_step": step["global_step"],
         "norms": norms,
