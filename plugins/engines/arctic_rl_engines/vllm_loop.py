@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from arctic_platform.rl.api import EngineError
@@ -85,16 +85,9 @@ class LoopStats:
 
     def as_dict(self) -> dict[str, Any]:
         """A copy as plain data."""
-        return {
-            "steps": self.steps,
-            "calls_submitted": self.calls_submitted,
-            "calls_answered": self.calls_answered,
-            "max_calls_in_step": self.max_calls_in_step,
-            "max_requests_in_step": self.max_requests_in_step,
-            "steps_shared": self.steps_shared,
-            "tasks_run": self.tasks_run,
-            "errors": list(self.errors[-10:]),
-        }
+        skip = ("errors", "recent")  # the latest errors only; no step history
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        return {**counts, "errors": list(self.errors[-10:])}
 
 
 class GenerationLoop:
