@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from support.clients import arctic_home
 
 from bench.matrix_plan import KNOB_FIELDS, pairwise_rows
 from bench.matrix_runner import MatrixRunner, RowResult
@@ -22,16 +23,11 @@ PLAN = pairwise_rows()
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory, request):
     work = tmp_path_factory.mktemp("matrix")
-    old = {k: os.environ.get(k) for k in ("ARCTIC_RL_HOME", "ARCTIC_RL_PAT")}
-    os.environ["ARCTIC_RL_HOME"] = str(work / "home")
     results: list[RowResult] = []
-    with MatrixRunner(work) as matrix:
-        yield matrix, results
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    # the runner sets ARCTIC_RL_PAT for dss rows: it is put back with the home at the end
+    with arctic_home(work / "home", ARCTIC_RL_PAT=os.environ.get("ARCTIC_RL_PAT")):
+        with MatrixRunner(work) as matrix:
+            yield matrix, results
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and results:
         reporter.write_line("")
