@@ -10,7 +10,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ pytest.importorskip("deepspeed")
 from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
 from arctic_platform.rl.interfaces import EngineContext
 from arctic_platform.rl.plugins import get_registry
+from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,6 @@ WORKER = Path(__file__).with_name("ds_world_worker.py")
 STAGES = (0, 2, 3)
 STEPS = 20
 TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_spec(model_path: str, checkpoint_dir: str) -> dict[str, Any]:
