@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import live as shared_live
+from support.lasting import release_after, until_last_use
 from support.live import LiveServer
 
 # Nothing in the suite may reach a model hub or send usage reports.
@@ -32,9 +33,6 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama"))
 
 
-_LIVE = shared_live.Shared()
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Register the markers that place a test among the shared live server's tests."""
     config.addinivalue_line(
@@ -52,17 +50,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """After the last test of the shared live server (and its module's teardown), stop it:
-    later tests do not share the machine with its idle jobs."""
+    """After a test and its fixtures' teardown, close the shared servers and engines no later
+    test uses (``support.lasting``): later tests do not share the machine with them."""
     yield
-    if shared_live.is_last_user(item, nextitem):
-        _LIVE.stop()
+    release_after(item)
 
 
 @pytest.fixture(scope="session")
 def live(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The session's shared ``arctic-rl serve`` (http) with training, sampling and log-prob
-    jobs; tests leave it running with its three jobs (``support.live``)."""
-    home = tmp_path_factory.mktemp("live-home")
-    yield _LIVE.get(lambda: shared_live.start(tiny_model_path, home))
-    _LIVE.stop()
+    jobs; tests leave it running with its three jobs (``support.live``). It stops after the
+    last test that uses it."""
+    server = shared_live.start(tiny_model_path, tmp_path_factory.mktemp("live-home"))
+    release = until_last_use("live", server.stop)
+    yield server
+    release()

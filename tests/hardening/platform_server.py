@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import httpx
 import pytest
 from support import servers
 from support.clients import arctic_home, client_with_token
+from support.lasting import until_last_use
 
 from arctic_platform.rl.client import ArcticRLClient
 from arctic_platform.rl.config import ArcticRLClientConfig
@@ -98,7 +100,8 @@ def _prepare(live: LivePlatform) -> None:
 def platform_live(
     tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LivePlatform]:
-    """The platform server with alice's running job; stopped (job, server, Ray) at the end."""
+    """The platform server with alice's running job; stopped (job, server, Ray) after the last
+    test that uses it (``support.lasting``: a package fixture here lives as long as the session)."""
     root = tmp_path_factory.mktemp("platform-hardening")
     tokens = root / "tokens.json"
     users = [
@@ -113,30 +116,27 @@ def platform_live(
         "platform", "serve", "--host", "127.0.0.1", "--port", str(port), "--tokens", str(tokens),
         "--run-dir", str(run_dir), "--num-gpus", str(CLUSTER_GPUS),
     )  # fmt: skip
-    with arctic_home(root / "home", **FAST_POLL):
+    with ExitStack() as stack:  # closed after the last platform test, or at the end
+        release = until_last_use("platform_live", stack.close)
+        stack.enter_context(arctic_home(root / "home", **FAST_POLL))
         health = servers.answers(f"http://127.0.0.1:{port}/health")
         what = "the hardening platform server's /health"
         proc = servers.spawn(command, root / "platform.log", health, what)
-        client: ArcticRLClient | None = None
-        try:
-            config = ArcticRLClientConfig(
-                model_name=tiny_model_path,
-                backend="dss-platform",
-                host="127.0.0.1",
-                port=port,
-                training_gpus=1,
-                sampling_gpus=1,
-                log_prob_gpus=0,
-                job_ready_timeout=600,
-                training_config={"optimizer": {"lr": 1e-3}},
-            )
-            client = client_with_token(config, ALICE)
-            live = LivePlatform(f"http://127.0.0.1:{port}", run_dir, tokens, proc.pid, client)
-            _prepare(live)
-            yield live
-        finally:
-            try:
-                if client is not None:
-                    client.close()
-            finally:
-                servers.stop(proc)
+        stack.callback(servers.stop, proc)
+        config = ArcticRLClientConfig(
+            model_name=tiny_model_path,
+            backend="dss-platform",
+            host="127.0.0.1",
+            port=port,
+            training_gpus=1,
+            sampling_gpus=1,
+            log_prob_gpus=0,
+            job_ready_timeout=600,
+            training_config={"optimizer": {"lr": 1e-3}},
+        )
+        client = client_with_token(config, ALICE)
+        stack.callback(client.close)
+        live = LivePlatform(f"http://127.0.0.1:{port}", run_dir, tokens, proc.pid, client)
+        _prepare(live)
+        yield live
+        release()

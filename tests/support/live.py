@@ -2,15 +2,14 @@
 
 The local backend launches the server subprocess with its Ray cluster; training (DeepSpeed),
 sampling (vLLM) and log-prob (vLLM) jobs run on the tiny model, one logical GPU each. It
-starts on the first test that asks for it and stops after the last one (``LiveOrder``), so
-the hardening, whole-loop and server-sync modules pay for one server instead of three.
+starts on the first test that asks for it and stops after the last one (``support.lasting``),
+so the hardening, whole-loop and server-sync modules pay for one server instead of three.
 Tests leave it running with its three jobs; a test that kills a worker brings it back.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +77,11 @@ class LiveServer:
         self.client.step()
         self.client.sync_weights()
 
+    def stop(self) -> None:
+        """Shut down the jobs, the server and its Ray cluster (a no-op once a test did)."""
+        with arctic_home(self.home):
+            self.client.shutdown()
+
 
 def start(model: str, home: Path) -> LiveServer:
     """Launch the server and its three jobs under ``home`` (its ``ARCTIC_RL_HOME``)."""
@@ -97,29 +101,6 @@ def start(model: str, home: Path) -> LiveServer:
         home=home,
         pid=int(backend._server_pid()),  # type: ignore[attr-defined]
     )
-
-
-class Shared:
-    """The one live server of the session: started on first use, stopped once."""
-
-    def __init__(self) -> None:
-        self.server: LiveServer | None = None
-        self.stopped = False
-
-    def get(self, make: Callable[[], LiveServer]) -> LiveServer:
-        """The running server (``make`` starts it the first time)."""
-        assert not self.stopped, "the shared live server was stopped before this test"
-        if self.server is None:
-            self.server = make()
-        return self.server
-
-    def stop(self) -> None:
-        """Shut down the jobs, the server and its Ray cluster (a no-op after a test did)."""
-        server, self.server = self.server, None
-        if server is not None:
-            self.stopped = True
-            with arctic_home(server.home):
-                server.client.shutdown()
 
 
 def _uses(item: pytest.Item) -> bool:
@@ -143,14 +124,3 @@ def order(items: list[pytest.Item]) -> None:
     else:  # only moved tests use it: they stay where the first of them was
         begin = end = next(i for i, item in enumerate(items) if id(item) in moved)
     items[:] = [*rest[:begin], *first, *rest[begin:end], *last, *rest[end:]]
-
-
-def is_last_user(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
-    """Whether ``item`` is the session's last test of the shared server (it may stop now)."""
-    if not _uses(item):
-        return False
-    items = item.session.items
-    at = next((i for i, other in enumerate(items) if other is item), None)
-    if at is None or nextitem is None:
-        return True
-    return not any(_uses(other) for other in items[at + 1 :])

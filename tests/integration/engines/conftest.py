@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.lasting import until_last_use
 
 # Tests score the tiny model: a small KV cache is plenty and allocates quickly.
 VLLM_TEST_OVERRIDES = {"kv_cache_memory_bytes": 256 << 20}
@@ -40,15 +41,19 @@ def vllm_test_config() -> Callable[..., Any]:
 
 @pytest.fixture(scope="session")
 def vllm_sampling_engine(tiny_model_path: str) -> Iterator[Any]:
-    """The ``vllm`` sampling engine, shared by every test of the session."""
+    """The ``vllm`` sampling engine, shared by every test of the session that asks for it;
+    closed after the last of them (``support.lasting``)."""
     engine = _engine("sampling", tiny_model_path)
+    release = until_last_use("vllm_sampling_engine", engine.close)
     yield engine
-    engine.close()
+    release()
 
 
 @pytest.fixture(scope="session")
 def vllm_log_prob_engine(tiny_model_path: str) -> Iterator[Any]:
-    """The ``vllm`` log-prob engine, shared by every test of the session."""
+    """The ``vllm`` log-prob engine, shared by every test of the session that asks for it;
+    closed after the last of them (``support.lasting``)."""
     engine = _engine("log_prob", tiny_model_path)
+    release = until_last_use("vllm_log_prob_engine", engine.close)
     yield engine
-    engine.close()
+    release()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import servers
+from support.lasting import until_last_use
 from support.servers import arctic_rl
 
 from arctic_platform.rl.testing import free_port
@@ -57,7 +58,8 @@ class TinkerServer:
 def tinker_server(
     tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TinkerServer]:
-    """One tinker server for the whole session (jobs start per model, on demand)."""
+    """One tinker server for the session's tinker tests (jobs start per model, on demand),
+    stopped after the last of them (``support.lasting``)."""
     run_dir = tmp_path_factory.mktemp("tinker-run")
     token_file = run_dir / "token"
     token_file.write_text(TOKEN)
@@ -73,10 +75,11 @@ def tinker_server(
     health = servers.answers(f"{base_url}/api/v1/healthz")
     what = "the tinker server's /api/v1/healthz"
     process = servers.spawn(command, log, health, what, timeout=300, env=env, new_session=False)
+    release = until_last_use("tinker_server", lambda: servers.stop(process, reap_grace=30))
     try:
         yield TinkerServer(base_url, TOKEN, tiny_model_path, log, process)
     finally:
-        servers.stop(process, reap_grace=30)
+        release()
 
 
 @pytest.fixture(scope="module")
