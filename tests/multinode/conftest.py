@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from netns_cluster import NetnsCluster, unavailable_reason
+from support.lasting import until_last_use
 
 HERE = Path(__file__).resolve().parent
 
@@ -60,14 +61,16 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 @pytest.fixture(scope="session")
 def netns_cluster(netns_available: None) -> Iterator[NetnsCluster]:
-    """A session-wide cluster: head (no GPUs) + N one-GPU workers + 1 client namespace."""
+    """A session-wide cluster: head (no GPUs) + N one-GPU workers + 1 client namespace; closed
+    after the last test that uses it (``support.lasting``), not at the end of the session."""
     workers = int(os.environ.get("ARL_NETNS_WORKERS", "4"))
     cluster = NetnsCluster(workers=workers, clients=1)
+    release = until_last_use("netns_cluster", cluster.close)  # after its last test
     try:
         cluster.start()
         yield cluster
     finally:
-        cluster.close()
+        release()
 
 
 @pytest.fixture
