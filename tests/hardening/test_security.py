@@ -228,10 +228,12 @@ def test_a_torch_save_file_sent_as_a_frame_is_refused(live, tmp_path):
 
 
 def test_the_token_check_is_a_constant_time_comparison(tmp_path, monkeypatch):
-    """The app compares tokens with hmac.compare_digest, whatever the supplied value."""
+    """The app compares tokens with hmac.compare_digest (in its bearer guard, web/guards.py),
+    whatever the supplied value."""
     import httpx
 
     from arctic_platform.rl.server.rl_server import RLServer
+    from arctic_platform.rl.web import guards
     from arctic_rl_http import app as app_module
 
     seen: list[tuple[bytes, bytes]] = []
@@ -241,7 +243,7 @@ def test_the_token_check_is_a_constant_time_comparison(tmp_path, monkeypatch):
         seen.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(app_module.hmac, "compare_digest", recording)
+    monkeypatch.setattr(guards.hmac, "compare_digest", recording)  # the http app's bearer guard
     app = app_module.build_app(RLServer(run_dir=tmp_path), "right-token")
     transport = httpx.ASGITransport(app=app)
 
