@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from test_deepspeed_training import (
+    SCHEDULED,
     make_batch,
     make_engine,
     max_weight_diff,
@@ -27,15 +28,12 @@ from arctic_platform.rl.batch import BatchError
 
 pytestmark = pytest.mark.slow
 
-SCHEDULED = {
-    "optimizer": {
-        "lr": 1e-3,
-        "lr_scheduler_type": "cosine",
-        "warmup_ratio": 0.2,
-        "total_steps": 10,
-        "weight_decay": 0.01,
-    }
-}
+
+def assert_step_applies_nothing(engine: Any, step: int, before: dict[str, Any]) -> None:
+    """A ``step`` now answers ``applied: False`` at ``step`` and leaves the weights unchanged."""
+    answer = engine.step()
+    assert answer["applied"] is False and answer["global_step"] == step
+    assert max_weight_diff(weights(engine), before) == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +83,7 @@ def test_an_empty_batch_is_refused_and_accumulates_nothing(zero3: Any) -> None:
     before, step = weights(zero3), zero3.global_step
     with pytest.raises(BatchError, match="empty"):
         zero3.fwd_bwd({"input_ids": [], "loss_mask": [], "advantages": []}, "grpo")
-    answer = zero3.step()
-    assert answer["applied"] is False and answer["global_step"] == step
-    assert max_weight_diff(weights(zero3), before) == 0.0
+    assert_step_applies_nothing(zero3, step, before)
 
 
 def test_loading_the_step_it_is_at_discards_pending_gradients(zero3: Any, tmp_path: Path) -> None:
@@ -98,9 +94,7 @@ def test_loading_the_step_it_is_at_discards_pending_gradients(zero3: Any, tmp_pa
     zero3.fwd_bwd(make_batch(2), "cross_entropy")  # accumulated, then the load drops it
     assert zero3.load_checkpoint(path) == step
     assert max_weight_diff(weights(zero3), before) == 0.0
-    answer = zero3.step()
-    assert answer["applied"] is False and answer["global_step"] == step
-    assert max_weight_diff(weights(zero3), before) == 0.0
+    assert_step_applies_nothing(zero3, step, before)
 
 
 def test_saving_twice_at_one_step_rewrites_one_checkpoint(zero3: Any, tmp_path: Path) -> None:

@@ -28,6 +28,17 @@ pytestmark = pytest.mark.slow
 
 VOCAB_LOW, VOCAB_HIGH = 10, 400  # token ids used by the batches (the tiny vocab has ~425)
 
+# A warmup + cosine optimizer schedule that resume tests replay exactly.
+SCHEDULED = {
+    "optimizer": {
+        "lr": 1e-3,
+        "lr_scheduler_type": "cosine",
+        "warmup_ratio": 0.2,
+        "total_steps": 10,
+        "weight_decay": 0.01,
+    }
+}
+
 
 def make_batch(seed: int, rows: int = 8, low: int = 6, high: int = 24) -> dict[str, Any]:
     """Ragged rows with a 3-token prompt (not trained) and ±1 advantages per sequence."""
@@ -185,15 +196,7 @@ def test_resume_continues_bitwise_as_if_never_stopped(
     engine = make_engine(
         tiny_model_path,
         stage=stage,
-        training={
-            "optimizer": {
-                "lr": 1e-3,
-                "lr_scheduler_type": "cosine",
-                "warmup_ratio": 0.2,
-                "total_steps": 10,
-                "weight_decay": 0.01,
-            }
-        },
+        training=SCHEDULED,
     )
     try:
         train(engine, 3)
@@ -212,15 +215,7 @@ def test_resume_continues_bitwise_as_if_never_stopped(
         tiny_model_path,
         stage=stage,
         checkpoint_path=str(tmp_path),
-        training={
-            "optimizer": {
-                "lr": 1e-3,
-                "lr_scheduler_type": "cosine",
-                "warmup_ratio": 0.2,
-                "total_steps": 10,
-                "weight_decay": 0.01,
-            }
-        },
+        training=SCHEDULED,
     )
     try:
         assert again.global_step == 3

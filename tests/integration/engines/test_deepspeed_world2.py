@@ -108,20 +108,7 @@ def run_world(spec: dict[str, Any], tmp_path: Path, world: int = 2) -> list[dict
 
 def run_single(spec: dict[str, Any], stage: int) -> dict[str, Any]:
     """The same schedule in this process, world size 1, on the whole batch."""
-    zero: dict[str, Any] = {"stage": stage}
-    if stage == 3:
-        zero["stage3_param_persistence_threshold"] = 0
-    config = ArcticRLClientConfig(
-        model_name=spec["model_path"],
-        training_gpus=1,
-        ds_config={"zero_optimization": zero},
-        training_config=TrainingConfig.model_validate(spec["training"]),
-    )
-    engine = (
-        get_registry()
-        .get("engine", "deepspeed", role="training")
-        .create(config, EngineContext(role="training"))
-    )
+    engine = _one_process_engine(spec, stage)
     try:
         batch = spec["batch"]
         first = engine.fwd_bwd(batch, "grpo", spec["grpo_config"])
@@ -195,6 +182,7 @@ def test_two_ranks_resume_bitwise_and_export_full_weights(world2: Any, stage: in
 
 
 def _one_process_engine(spec: dict[str, Any], stage: int, **extra: Any) -> Any:
+    """A world-size-1 DeepSpeed training engine at ZeRO ``stage`` on ``spec``'s schedule."""
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
