@@ -39,21 +39,23 @@ def vllm_test_config() -> Callable[..., Any]:
     return _config
 
 
+def _shared_engine(role: str, model_path: str) -> Iterator[Any]:
+    """Yields the ``vllm`` engine for ``role``; closed after the last test that uses it."""
+    engine = _engine(role, model_path)
+    release = until_last_use(f"vllm_{role}_engine", engine.close)
+    yield engine
+    release()
+
+
 @pytest.fixture(scope="session")
 def vllm_sampling_engine(tiny_model_path: str) -> Iterator[Any]:
     """The ``vllm`` sampling engine, shared by every test of the session that asks for it;
     closed after the last of them (``support.lasting``)."""
-    engine = _engine("sampling", tiny_model_path)
-    release = until_last_use("vllm_sampling_engine", engine.close)
-    yield engine
-    release()
+    yield from _shared_engine("sampling", tiny_model_path)
 
 
 @pytest.fixture(scope="session")
 def vllm_log_prob_engine(tiny_model_path: str) -> Iterator[Any]:
     """The ``vllm`` log-prob engine, shared by every test of the session that asks for it;
     closed after the last of them (``support.lasting``)."""
-    engine = _engine("log_prob", tiny_model_path)
-    release = until_last_use("vllm_log_prob_engine", engine.close)
-    yield engine
-    release()
+    yield from _shared_engine("log_prob", tiny_model_path)
