@@ -209,13 +209,8 @@ def test_non_positive_timeouts_are_rejected(field, value):
 
 
 def test_positive_timeouts_are_accepted():
-    c = ArcticRLClientConfig(
-        model_name="m",
-        training_gpus=1,
-        startup_timeout=0.5,
-        health_check_interval=0.1,
-        job_ready_timeout=1,
-    )
+    timeouts = {"startup_timeout": 0.5, "health_check_interval": 0.1, "job_ready_timeout": 1}
+    c = ArcticRLClientConfig(model_name="m", training_gpus=1, **timeouts)
     assert (c.startup_timeout, c.health_check_interval, c.job_ready_timeout) == (0.5, 0.1, 1.0)
 
 

@@ -71,8 +71,7 @@ def test_a_group_id_reused_for_another_frame_is_a_conflict():
 def test_groups_of_different_users_or_jobs_do_not_mix():
     assembler = ChunkAssembler()
     chunks = encode_chunks(FRAME, "forward-backward", "same", chunk_bytes=3000)
-    header, data = decode_chunk(chunks[0])
-    assembler.add("alice", "j1", header, data)
+    _add_all(assembler, chunks[:1])
     header, data = decode_chunk(chunks[1])
     with pytest.raises(RestartRequiredError):
         assembler.add("bob", "j1", header, data)
@@ -105,8 +104,7 @@ def test_a_user_cannot_hold_more_unfinished_bytes_than_the_limit():
 
     assembler = ChunkAssembler(max_held_bytes=5000)
     chunks = encode_chunks(FRAME, "forward-backward", "g1", chunk_bytes=3000)
-    header, data = decode_chunk(chunks[0])
-    assembler.add("alice", "j1", header, data)
+    _add_all(assembler, chunks[:1])
     header, data = decode_chunk(chunks[1])
     with pytest.raises(ChunkLimitError):
         assembler.add("alice", "j1", header, data)
