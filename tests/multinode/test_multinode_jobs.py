@@ -52,18 +52,8 @@ class Server:
 
     def ops(self, *ops: tuple[str, dict[str, Any] | None], timeout: float = 900) -> list[dict]:
         """Run operations from the client namespace; their answers in order."""
-        spec = self.run_dir.parent / f"ops-{time.monotonic_ns()}.json"
-        spec.write_text(
-            json.dumps({"host": self.host, "port": PORT, "token": self.token, "ops": list(ops)})
-        )
-        done = self.cluster.exec_python(
-            self.cluster.client_hosts[0],
-            HERE / "client_ops.py",
-            [str(spec)],
-            env=self.env(),
-            timeout=timeout,
-        )
-        return _result(done)
+        spec = {"host": self.host, "port": PORT, "token": self.token, "ops": list(ops)}
+        return self._client_script("client_ops.py", "ops", spec, timeout)
 
     def status(self) -> dict[str, Any]:
         answer = self.ops(("status", None), timeout=120)[0]
@@ -72,11 +62,15 @@ class Server:
 
     def run_client(self, spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
         """``loop_client.py`` with ``spec`` in the client namespace; its RESULT."""
-        path = self.run_dir.parent / f"loop-{time.monotonic_ns()}.json"
+        return self._client_script("loop_client.py", "loop", spec, timeout)
+
+    def _client_script(self, script: str, kind: str, spec: Any, timeout: float) -> Any:
+        """Run ``script`` in the client namespace on ``spec`` (a json file); its RESULT."""
+        path = self.run_dir.parent / f"{kind}-{time.monotonic_ns()}.json"
         path.write_text(json.dumps(spec))
         done = self.cluster.exec_python(
             self.cluster.client_hosts[0],
-            HERE / "loop_client.py",
+            HERE / script,
             [str(path)],
             env=self.env(),
             timeout=timeout,

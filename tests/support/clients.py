@@ -19,18 +19,19 @@ def swapped_env(values: Mapping[str, str | None]) -> Iterator[None]:
     """Set (or, for ``None``, remove) the variables in ``values``; restore them all at exit."""
     old = {key: os.environ.get(key) for key in values}
     try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_env(values)
         yield
     finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_env(old)
+
+
+def _set_env(values: Mapping[str, str | None]) -> None:
+    """Set each variable of ``values``; remove those whose value is ``None``."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @contextmanager
