@@ -44,6 +44,19 @@ def examples_per_mode(default: int) -> int:
     return int(os.environ.get(EXAMPLES_ENV, default))
 
 
+def fuzz_settings(examples: int) -> settings:
+    """Hypothesis settings of the fuzz tests: ``examples`` cases, derandomized, no deadline,
+    no example database, explicit/generate/shrink phases, no health checks."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+
+
 def _retarget(case: Any, job_id: int | None) -> None:
     """Point an integer job id of ``case`` at ``job_id`` (a live job), keeping other values."""
     if job_id is None:
@@ -125,14 +138,7 @@ def _operation_test(
     """A hypothesis test sending ``examples`` cases of ``operation`` in generation ``mode``."""
     from schemathesis.generation import GenerationMode
 
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        phases=[Phase.explicit, Phase.generate, Phase.shrink],
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(examples)
     @given(case=operation.as_strategy(generation_mode=mode), target=st.sampled_from(targets))
     def run(case: Any, target: int | None) -> None:
         if mode is GenerationMode.POSITIVE:

@@ -18,11 +18,10 @@ from typing import Any
 import httpx
 import pytest
 from support import servers
-from support.clients import arctic_home, client_with_token
+from support.clients import arctic_home, client_config, client_with_token
 from support.lasting import until_last_use
 
 from arctic_platform.rl.client import ArcticRLClient
-from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.testing import free_port
 
 ALICE = "alice-hardening-token-0123456789"
@@ -123,16 +122,14 @@ def platform_live(
         what = "the hardening platform server's /health"
         proc = servers.spawn(command, root / "platform.log", health, what)
         stack.callback(servers.stop, proc)
-        config = ArcticRLClientConfig(
-            model_name=tiny_model_path,
+        # The kit's client config on the platform backend, Ray attach and server logs as by default.
+        config = client_config(
+            tiny_model_path,
+            port,
             backend="dss-platform",
-            host="127.0.0.1",
-            port=port,
-            training_gpus=1,
-            sampling_gpus=1,
             log_prob_gpus=0,
-            job_ready_timeout=600,
-            training_config={"optimizer": {"lr": 1e-3}},
+            ray_auto_attach=True,
+            server_logs=True,
         )
         client = client_with_token(config, ALICE)
         stack.callback(client.close)

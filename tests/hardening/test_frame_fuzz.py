@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -66,14 +67,7 @@ def test_well_formed_frames_with_wrong_payloads_are_never_a_server_error(live):
     seen: dict[int, int] = {}
     with live.http() as http:
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            database=None,
-            derandomize=True,
-            phases=[Phase.explicit, Phase.generate, Phase.shrink],
-            suppress_health_check=list(HealthCheck),
-        )
+        @fuzz_settings(EXAMPLES)
         @given(_frame_payload(live.job_ids))
         def send(case: tuple[str, dict]) -> None:
             path, payload = case
