@@ -33,6 +33,16 @@ def _engine(role: str, model_path: str) -> Any:
     return spec.create(_config(model_path), EngineContext(role=role))
 
 
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_path: str) -> Any:
+    """The tiny checkpoint as a plain float32 transformers model (the engines' reference)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    return model.eval()
+
+
 @pytest.fixture(scope="session")
 def vllm_test_config() -> Callable[..., Any]:
     """Builds an ``ArcticRLClientConfig`` for a vLLM engine: ``(model_path, **vllm_config)``."""

@@ -9,12 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Appended to every program: ``main()`` returns the result, printed as a ``RESULT `` line.
+_FOOTER = """
 
-def run_engine_program(source: str, model: str, work_dir: Path, name: str) -> dict[str, Any]:
-    """Write ``source`` to ``work_dir/name``, run it with ``model`` under vLLM's multi-process
-    mode, and return the JSON of its last ``RESULT `` line (its stderr on failure)."""
+if __name__ == "__main__":
+    import json as _json
+
+    print("RESULT " + _json.dumps(main()))
+"""
+
+
+def run_engine_program(
+    source: str, model: str, work_dir: Path, name: str = "program.py"
+) -> dict[str, Any]:
+    """Write ``source`` (defining ``main()``, which returns a JSON-able dict) to ``work_dir/name``,
+    run it with ``model`` under vLLM's multi-process mode, check that its engine ran outside
+    the test's process (``result["in_process"] is False``) and return the result."""
     script = work_dir / name
-    script.write_text(source)
+    script.write_text(source + _FOOTER)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(script), model],
@@ -25,4 +37,7 @@ def run_engine_program(source: str, model: str, work_dir: Path, name: str) -> di
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
-    return dict(json.loads(lines[-1].removeprefix("RESULT ")))
+    result = dict(json.loads(lines[-1].removeprefix("RESULT ")))
+    print(f"{name}: {result}")
+    assert result["in_process"] is False
+    return result

