@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from engine_program import run_engine_program
+from engine_reference import max_diff, reference_log_probs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -19,20 +20,6 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 1e-4  # float32 vLLM vs float32 transformers, nats
 PROMPTS: list[str | list[int]] = ["1 + 2 =", "the answer is", [30, 31, 32, 33], "write digits"]
-
-
-def reference_log_probs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
-    """log p(completion_j | prompt, completion_<j) from one transformers forward (float64)."""
-    ids = prompt + completion
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
-    table = torch.log_softmax(logits, dim=-1)
-    return [float(table[len(prompt) + j - 1, t]) for j, t in enumerate(completion)]
-
-
-def max_diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
 def perturbed_state(model: Any, seed: int, scale: float = 0.05) -> dict[str, Any]:

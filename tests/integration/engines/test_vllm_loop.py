@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from engine_program import run_engine_program
+from engine_reference import max_diff, reference_log_probs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -44,20 +45,6 @@ def engine(vllm_sampling_engine: Any, hf_model: Any) -> Any:
     """The session engine; its original weights are loaded back after the test."""
     yield vllm_sampling_engine
     vllm_sampling_engine.swap_weights(hf_model.state_dict().items(), strategy="drain")
-
-
-def reference_log_probs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
-    """log p(completion_j | prompt, completion_<j) from one transformers forward (float64)."""
-    ids = prompt + completion
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
-    table = torch.log_softmax(logits, dim=-1)
-    return [float(table[len(prompt) + j - 1, t]) for j, t in enumerate(completion)]
-
-
-def max_diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
 def wait_until(what: str, condition: Callable[[], bool]) -> None:
