@@ -63,6 +63,18 @@ def max_gap(rows: list[list[float]], tails: list[list[float]], prompt_lengths: l
     return gap
 
 
+def assert_log_prob_job_agrees(
+    client: Any, rows: Rollouts, tolerance: float = 1e-3
+) -> list[list[float]]:
+    """The log-prob job's scores of ``rows`` match the trainer's ``fwd_no_grad`` within
+    ``tolerance`` nats (strictly); returns the trainer's full-row scores."""
+    lp = client.log_probs(rows.prompts, rows.completions)
+    trainer = client.fwd_no_grad({"input_ids": rows.input_ids})
+    scored = [out["log_probs"] for out in lp["outputs"]]
+    assert max_gap(trainer, scored, rows.prompt_lengths) < tolerance
+    return trainer
+
+
 def assert_scores_agree(
     client: Any, outputs: list[dict[str, Any]], tolerance: float = 1e-3, log_probs: bool = True
 ) -> Rollouts:

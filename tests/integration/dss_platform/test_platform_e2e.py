@@ -23,7 +23,7 @@ import psutil
 import pytest
 from support import servers
 from support.clients import arctic_home, client_with_token, in_second_process
-from support.rollouts import assert_scores_agree, max_gap, rollouts
+from support.rollouts import assert_log_prob_job_agrees, assert_scores_agree, rollouts
 from support.servers import arctic_rl
 
 from arctic_platform.rl.client import ArcticRLClient
@@ -163,10 +163,7 @@ def test_the_whole_loop_runs_through_the_platform(alice):
     gen = alice.generate(PROMPTS, {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 3})
     assert len(gen["outputs"]) == len(PROMPTS)
     rows = rollouts(gen["outputs"])
-    lp = alice.log_probs(rows.prompts, rows.completions)
-    trainer = alice.fwd_no_grad({"input_ids": rows.input_ids})
-    scored = [out["log_probs"] for out in lp["outputs"]]
-    assert max_gap(trainer, scored, rows.prompt_lengths) < 1e-3
+    trainer = assert_log_prob_job_agrees(alice, rows)
 
     norm_before = alice.weight_norm()["training"]
     metrics = alice.fwd_bwd(rows.batch(old_log_probs=trainer))

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 from support.clients import in_second_process
-from support.rollouts import assert_scores_agree, max_gap, rollouts
+from support.rollouts import assert_log_prob_job_agrees, assert_scores_agree, rollouts
 
 from arctic_platform.rl.errors import JobError, ServerError
 
@@ -56,10 +56,7 @@ def test_generate_log_probs_fwd_bwd_step_and_sync(loop):
     step = client.job_info("training")["global_step"]
     rows = rollouts(gen["outputs"])
 
-    lp = client.log_probs(rows.prompts, rows.completions)
-    trainer = client.fwd_no_grad({"input_ids": rows.input_ids})
-    scored = [out["log_probs"] for out in lp["outputs"]]
-    assert max_gap(trainer, scored, rows.prompt_lengths) < 1e-3
+    trainer = assert_log_prob_job_agrees(client, rows)
 
     norm_before = client.weight_norm()["training"]
     metrics = client.fwd_bwd(rows.batch(old_log_probs=trainer), loss_fn="grpo")
