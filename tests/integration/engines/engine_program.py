@@ -9,24 +9,39 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Appended to every program: ``main()`` returns the result, printed as a ``RESULT `` line.
+# Put before every program: ``engine_config(path, kv_cache_bytes, **gpus)`` builds its config.
+_HEADER = """
+from arctic_platform.rl.config import ArcticRLClientConfig
+
+
+def engine_config(path, kv_cache_bytes, **gpus):
+    return ArcticRLClientConfig(
+        model_name=path, host="127.0.0.1", port=7000,
+        vllm_config={"kv_cache_memory_bytes": kv_cache_bytes}, **gpus,
+    )
+
+"""
+
+# Put after every program: ``main(model_path)`` returns the result, printed as a RESULT line.
 _FOOTER = """
 
 if __name__ == "__main__":
     import json as _json
+    import sys as _sys
 
-    print("RESULT " + _json.dumps(main()))
+    print("RESULT " + _json.dumps(main(_sys.argv[1])))
 """
 
 
 def run_engine_program(
     source: str, model: str, work_dir: Path, name: str = "program.py"
 ) -> dict[str, Any]:
-    """Write ``source`` (defining ``main()``, which returns a JSON-able dict) to ``work_dir/name``,
-    run it with ``model`` under vLLM's multi-process mode, check that its engine ran outside
-    the test's process (``result["in_process"] is False``) and return the result."""
+    """Write ``source`` (defining ``main(model_path)``, which returns a JSON-able dict; it may
+    call ``engine_config``) to ``work_dir/name``, run it with ``model`` under vLLM's multi-process
+    mode, check that its engine ran outside the test's process (``result["in_process"] is
+    False``) and return the result."""
     script = work_dir / name
-    script.write_text(source + _FOOTER)
+    script.write_text(_HEADER + source + _FOOTER)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(script), model],

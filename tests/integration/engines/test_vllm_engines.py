@@ -369,19 +369,13 @@ def test_close_frees_the_engine_memory(tiny_model_path, vllm_test_config):
 
 
 MULTIPROCESS_PROGRAM = """
-import math, sys
+import math
 import torch, transformers
-from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_rl_engines.vllm_log_prob import VLLMLogProbEngine
 
 
-def main():
-    path = sys.argv[1]
-    config = ArcticRLClientConfig(
-        model_name=path, log_prob_gpus=1, host="127.0.0.1", port=7000,
-        vllm_config={"kv_cache_memory_bytes": 256 << 20},
-    )
-    engine = VLLMLogProbEngine(config)
+def main(path):
+    engine = VLLMLogProbEngine(engine_config(path, 256 << 20, log_prob_gpus=1))
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():

@@ -216,9 +216,8 @@ def test_close_fails_waiting_calls_clearly(tiny_model_path, vllm_test_config):
 
 
 MULTIPROCESS_HOTSWAP = """
-import sys, threading, time
+import threading, time
 import torch, transformers
-from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_rl_engines.vllm_sampling import VLLMSamplingEngine
 
 
@@ -233,13 +232,8 @@ def diff(a, b):
     return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
-def main():
-    path = sys.argv[1]
-    config = ArcticRLClientConfig(
-        model_name=path, sampling_gpus=1, host="127.0.0.1", port=7000,
-        vllm_config={"kv_cache_memory_bytes": 128 << 20},
-    )
-    engine = VLLMSamplingEngine(config)
+def main(path):
+    engine = VLLMSamplingEngine(engine_config(path, 128 << 20, sampling_gpus=1))
     old = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     new = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
