@@ -92,6 +92,16 @@ def train(engine: Any, steps: int, loss_fn: str = "cross_entropy", seed: int = 0
     return losses
 
 
+def train_on_one_batch(engine: Any, steps: int) -> list[float]:
+    """``steps`` cross-entropy steps on ``make_batch(0)`` each time; the losses."""
+    batch = make_batch(0)
+    losses = []
+    for _ in range(steps):
+        losses.append(engine.fwd_bwd(batch, "cross_entropy")["loss"])
+        engine.step()
+    return losses
+
+
 @pytest.fixture(scope="module")
 def engines() -> Any:
     """Close every engine a test built, at the end of the module."""
@@ -113,11 +123,7 @@ def fresh_zero0(tiny_model_path: str, engines: list[Any]) -> Any:
 def test_loss_falls_over_20_steps(tiny_model_path: str, stage: int) -> None:
     engine = make_engine(tiny_model_path, stage=stage)
     try:
-        batch = make_batch(0)
-        losses = []
-        for _ in range(20):
-            losses.append(engine.fwd_bwd(batch, "cross_entropy")["loss"])
-            engine.step()
+        losses = train_on_one_batch(engine, 20)
         print(f"ZeRO-{stage} loss curve:", [round(x, 3) for x in losses])
         assert engine.global_step == 20
         assert losses[-1] < 0.6 * losses[0]
@@ -412,11 +418,7 @@ def test_gradient_checkpointing_and_attention_choice_give_the_same_update(
 def test_bf16_trains_and_fp16_is_refused_on_cpu(tiny_model_path: str) -> None:
     engine = make_engine(tiny_model_path, training={"dtype": "bfloat16"})
     try:
-        batch = make_batch(0)
-        losses = []
-        for _ in range(6):
-            losses.append(engine.fwd_bwd(batch, "cross_entropy")["loss"])
-            engine.step()
+        losses = train_on_one_batch(engine, 6)
         assert losses[-1] < losses[0]
         assert all(t.dtype == torch.bfloat16 for _, t in engine.named_weights())
     finally:
