@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from engine_build import registry_engine
 from support.lasting import until_last_use
 
 # Tests score the tiny model: a small KV cache is plenty and allocates quickly.
@@ -26,11 +27,7 @@ def _config(model_path: str, **overrides: Any) -> Any:
 
 
 def _engine(role: str, model_path: str) -> Any:
-    from arctic_platform.rl.interfaces import EngineContext
-    from arctic_platform.rl.plugins import get_registry
-
-    spec = get_registry().get("engine", "vllm", role=role)
-    return spec.create(_config(model_path), EngineContext(role=role))
+    return registry_engine("vllm", role, _config(model_path))
 
 
 @pytest.fixture(scope="module")

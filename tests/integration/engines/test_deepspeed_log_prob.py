@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 import pytest
+from engine_build import registry_engine
 
 pytest.importorskip("deepspeed")
 torch = pytest.importorskip("torch")
@@ -17,8 +18,6 @@ from arctic_platform.rl.errors import (  # noqa: E402
     EngineError,
     InvalidRequestError,
 )
-from arctic_platform.rl.interfaces import EngineContext  # noqa: E402
-from arctic_platform.rl.plugins import get_registry  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +36,7 @@ def make_log_prob_engine(model_path: str, **worker_config: Any) -> Any:
         log_prob_engine="deepspeed",
         log_prob_ds_config=worker_config or None,
     )
-    spec = get_registry().get("engine", "deepspeed", role="log_prob")
-    return spec.create(config, EngineContext(role="log_prob"))
+    return registry_engine("deepspeed", "log_prob", config)
 
 
 def reference(model_path: str, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -98,18 +96,12 @@ def test_fwd_no_grad_agrees_with_log_probs(engine: Any) -> None:
 
 def test_weights_from_a_training_engine_load_in_place(tiny_model_path: str) -> None:
     engine = make_log_prob_engine(tiny_model_path)
-    training = (
-        get_registry()
-        .get("engine", "deepspeed", role="training")
-        .create(
-            ArcticRLClientConfig(
-                model_name=tiny_model_path,
-                training_gpus=1,
-                training_config=TrainingConfig(optimizer={"lr": 1e-2}),
-            ),
-            EngineContext(role="training"),
-        )
+    config = ArcticRLClientConfig(
+        model_name=tiny_model_path,
+        training_gpus=1,
+        training_config=TrainingConfig(optimizer={"lr": 1e-2}),
     )
+    training = registry_engine("deepspeed", "training", config)
     try:
         rows = [p + c for p, c in zip(*pairs(2), strict=True)]
         batch = {"input_ids": rows}

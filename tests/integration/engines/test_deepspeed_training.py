@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_build import registry_engine
 
 pytest.importorskip("deepspeed")
 torch = pytest.importorskip("torch")
@@ -21,8 +22,6 @@ from arctic_platform.rl.errors import (  # noqa: E402
     EngineConfigError,
     LossConfigError,
 )
-from arctic_platform.rl.interfaces import EngineContext  # noqa: E402
-from arctic_platform.rl.plugins import get_registry  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +69,7 @@ def make_engine(model_path: str, **options: Any) -> Any:
         training_config=TrainingConfig.model_validate(training),
         **options,
     )
-    spec = get_registry().get("engine", "deepspeed", role="training")
-    return spec.create(config, EngineContext(role="training"))
+    return registry_engine("deepspeed", "training", config)
 
 
 def weights(engine: Any) -> dict[str, torch.Tensor]:

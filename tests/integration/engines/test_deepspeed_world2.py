@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_build import registry_engine
 
 pytest.importorskip("deepspeed")
 
 from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
-from arctic_platform.rl.interfaces import EngineContext
-from arctic_platform.rl.plugins import get_registry
 from arctic_platform.rl.testing import free_port
 
 pytestmark = pytest.mark.slow
@@ -193,11 +192,7 @@ def _one_process_engine(spec: dict[str, Any], stage: int, **extra: Any) -> Any:
         training_config=TrainingConfig.model_validate(spec["training"]),
         **extra,
     )
-    return (
-        get_registry()
-        .get("engine", "deepspeed", role="training")
-        .create(config, EngineContext(role="training"))
-    )
+    return registry_engine("deepspeed", "training", config)
 
 
 def test_a_zero0_checkpoint_of_two_ranks_resumes_in_one_process(world2: Any) -> None:
