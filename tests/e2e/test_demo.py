@@ -3,8 +3,8 @@
 A short synchronous run checks the files and fields a run writes (SFT → GRPO, held-out
 evaluations, versions, no staleness, no overlap). A budget ``--async`` run (default SFT and
 batch sizes, ``ASYNC_STEPS`` GRPO steps) checks the pipeline's schedule (the staleness of every
-step), that generation overlapped training and a hotswap landed during a rollout, and that
-GRPO learns: its train reward rises over the SFT start.
+step), that generation overlapped training, that rollouts spanning a hotswap are counted
+and bounded, and that GRPO learns: its train reward rises over the SFT start.
 """
 
 from __future__ import annotations
@@ -110,8 +110,16 @@ def test_async_budget_demo_keeps_its_schedule_overlaps_hotswaps_and_learns(tmp_p
     assert summary["max_staleness"] == DEPTH and summary["staleness_max"] == DEPTH
     assert summary["dropped_stale_rollouts"] == 0
     assert summary["rollouts_overlapping_training"] >= ASYNC_STEPS - DEPTH
-    # some rollout had a new version hot-swapped in while it was being sampled
-    assert summary["rollouts_across_a_hotswap"] >= 1, [r["sampled_versions"] for r in rl]
+    # A hotswap lands inside a rollout only when the rollout outlasts the update, which is a
+    # matter of timing: on a loaded machine 3-6 of 20 rollouts spanned one, on a quiet one
+    # none did (the 0.26 s rollout ends before the 0.27 s update). That a swap mid-generation
+    # keeps its request on the old version up to the cut and the new one after is checked
+    # deterministically at the engine (tests/integration/engines/test_vllm_loop.py, hotswap
+    # tests, which hold the engine's loop to place the swap). Here: the count agrees with the
+    # per-step records, and no rollout spans more than the versions it could have seen.
+    across = [r for r in rl if r["sampled_versions"][0] < r["sampled_versions"][1]]
+    assert summary["rollouts_across_a_hotswap"] == len(across)
+    assert all(new - old <= DEPTH for old, new in (r["sampled_versions"] for r in across))
     # it learns: the train reward (exact match at T=1) of the second half beats the first's
     rewards = [r["reward_mean"] for r in rl]
     half = ASYNC_STEPS // 2
