@@ -293,6 +293,13 @@ class JobManager:
             logger.debug("job %d failed: %s", job.job_id, traceback.format_exc())
             job.set_state(JobState.FAILED, reason=f"{type(exc).__name__}: {failure_reason(exc)}")
             self._release(job)
+            return
+        with job.lock:
+            # Destroyed while being placed: ``destroy`` released what the job held then, but
+            # the placement group it was waiting for may have been created after that (the
+            # race left a GPU bundle reserved for good). Free whatever start_workers got.
+            if job.cancel_requested:
+                self._release(job)
 
     # --- calls --------------------------------------------------------------------------
 
