@@ -1,6 +1,6 @@
 """Chunked frames: a large safetensors frame split into chunk envelopes, and their reassembly.
 
-A chunk envelope is itself a frame (``arctic_platform.rl.protocol``) holding a ``uint8``
+A chunk envelope is itself a frame (``arctic_platform.rl.wire.frames``) holding a ``uint8``
 slice of the original frame and a header: index, total, group id, the size and SHA-256 of
 the whole frame, the SHA-256 of the slice and the operation. The group id names one logical
 upload; for forward-backward it is the idempotency key.
