@@ -92,7 +92,7 @@ def test_short_sync_demo_writes_curve_plot_and_summary(tmp_path):
     assert all(r["generation_overlap_seconds"] == 0 for r in rl)
 
 
-def test_async_budget_demo_keeps_its_schedule_overlaps_hotswaps_and_learns(tmp_path):
+def test_async_budget_demo_keeps_its_schedule_overlaps_bounds_hotswaps_and_learns(tmp_path):
     flags = ["--async", "--max-staleness", str(DEPTH), "--steps", str(ASYNC_STEPS)]
     flags += ["--sft-steps", str(ASYNC_SFT_STEPS), "--eval-every", "10"]
     out, done = _demo(tmp_path, *flags)
