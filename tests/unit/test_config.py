@@ -429,3 +429,30 @@ def test_the_initialize_payload_is_plain_json_even_for_a_tuple_in_an_extra_key()
     assert payload == json.loads(json.dumps(payload))
     assert payload["training_config"]["optimizer"]["betas"] == [0.9, 0.95]
     assert not {"training_job_id", "sampling_job_id", "log_prob_job_id"} & set(payload)
+
+
+def test_lora_section_defaults_bounds_and_served_rank():
+    from arctic_platform.rl.config import DEFAULT_LORA_TARGETS, LoraConfig
+
+    lora = TrainingConfig.model_validate({"lora": {"rank": 8}}).lora
+    assert lora is not None and lora.rank == 8 and lora.alpha == 32.0 and lora.dropout == 0.0
+    assert lora.target_modules == list(DEFAULT_LORA_TARGETS)
+    assert lora.served_rank == 8
+    assert LoraConfig(rank=9).served_rank == 16 and LoraConfig(rank=512).served_rank == 512
+    assert LoraConfig(target_modules=["q_proj", " q_proj", "v_proj"]).target_modules == [
+        "q_proj",
+        "v_proj",
+    ]
+    assert TrainingConfig().lora is None
+    for bad in (
+        {"rank": 0},
+        {"rank": 513},
+        {"alpha": 0},
+        {"target_modules": []},
+        {"target_modules": [""]},
+        {"dropout": 1.0},
+        {"ranks": 8},
+    ):
+        with pytest.raises(ValidationError) as info:
+            TrainingConfig.model_validate({"lora": bad})
+        assert "lora" in str(info.value)

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING
 from arctic_platform.rl import __version__, http_common
 from arctic_platform.rl.batch import PER_TOKEN_FIELDS, Batch, BatchError, BatchLimits
 from arctic_platform.rl.config import (
+    DEFAULT_ADAPTER,
+    LORA_RANKS,
     ArcticRLClientConfig,
+    LoraConfig,
     MicroBatchSpec,
     OptimizerConfig,
     TrainingConfig,
@@ -148,8 +151,10 @@ _LAZY = {
 __all__ = [
     "BEARER_REFUSED",
     "BY_NAME",
+    "DEFAULT_ADAPTER",
     "ENGINE_ROLES",
     "FRAME_CONTENT_TYPE",
+    "LORA_RANKS",
     "OPERATIONS",
     "PER_TOKEN_FIELDS",
     "ArcticRLClientConfig",
@@ -188,6 +193,7 @@ __all__ = [
     "LoadCheckpointRequest",
     "LogProbEngine",
     "LogProbsRequest",
+    "LoraConfig",
     "LossConfigError",
     "LossFn",
     "LossOutput",

@@ -94,6 +94,65 @@ class MicroBatchSpec(BaseModel):
     )
 
 
+LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The adapter ranks vLLM can serve (``max_lora_rank``); an adapter of a rank in between is
+served under the next one up."""
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "lm_head",
+)
+"""Attention, MLP and unembedding: what Tinker trains by default."""
+DEFAULT_ADAPTER = "default"
+"""The adapter name a job uses when a request names none."""
+
+
+class LoraConfig(BaseModel):
+    """LoRA training: the base model stays frozen; only the adapter is trained and synced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(default=32, ge=1, le=LORA_RANKS[-1], description="Adapter rank r.")
+    alpha: float = Field(
+        default=32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank."
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
+        description=(
+            "Module names (suffixes) that get an adapter; the default is attention, MLP and "
+            "lm_head. A name the model does not have is an error when the job starts."
+        ),
+    )
+    dropout: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="LoRA dropout (0 keeps trainer and sampler log-probs identical).",
+    )
+    seed: int | None = Field(
+        default=None, description="Seed of the adapter's initial A matrices (None: the run's)."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _plain_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not isinstance(name, str) or not name.strip()]
+        if bad:
+            raise ValueError(f"target_modules must be non-empty module names, got {bad}")
+        return list(dict.fromkeys(name.strip() for name in value))
+
+    @property
+    def served_rank(self) -> int:
+        """The smallest rank vLLM serves that holds this adapter (``max_lora_rank``)."""
+        return next(r for r in LORA_RANKS if r >= self.rank)
+
+
 class TrainingConfig(BaseModel):
     """The standard fields of ``training_config``; unknown extra fields are kept."""
 
@@ -104,6 +163,13 @@ class TrainingConfig(BaseModel):
     gradient_checkpointing: bool = False
     attn_impl: str | None = Field(default=None, description="eager | sdpa | flash_attention_2.")
     mb_spec: MicroBatchSpec = Field(default_factory=MicroBatchSpec)
+    lora: LoraConfig | None = Field(
+        default=None,
+        description=(
+            "Train a LoRA adapter instead of the full weights (extension): the base is "
+            "frozen, weight syncs move only the adapter, samplers serve it through vLLM's LoRA."
+        ),
+    )
 
     @field_validator("dtype")
     @classmethod

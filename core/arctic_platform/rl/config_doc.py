@@ -42,6 +42,7 @@ def reference_markdown() -> str:
     """Every config model's table, in the order a user meets them."""
     from arctic_platform.rl.config import (
         ArcticRLClientConfig,
+        LoraConfig,
         MicroBatchSpec,
         OptimizerConfig,
         TrainingConfig,
@@ -54,6 +55,7 @@ def reference_markdown() -> str:
         TrainingConfig,
         OptimizerConfig,
         MicroBatchSpec,
+        LoraConfig,
         WeightSyncConfig,
     ):
         doc = (model.__doc__ or "").strip().splitlines()[0]
