@@ -70,9 +70,14 @@ class SessionRef(_Body):
 
 
 class LoraConfig(_Body):
-    """LoRA settings (accepted; this server trains the full weights)."""
+    """Tinker's LoRA settings: the rank, the init seed and which parts get adapters (the rank
+    limit and the targets are checked by ``lora_models.lora_section``)."""
 
     rank: int = Field(ge=1)
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
 
 
 class OptimizerConfig(_Body):
@@ -292,8 +297,8 @@ def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
             raise InvalidRequestError(
                 f"optimizer {body.optimizer_config.type!r} is not offered; only 'adamw'"
             )
-        rank = body.lora_config.rank if body.lora_config else None
-        future = frontend.create_model(body.session_id, body.model_seq_id, body.base_model, rank)
+        lora = body.lora_config.model_dump() if body.lora_config else None
+        future = frontend.create_model(body.session_id, body.model_seq_id, body.base_model, lora)
         return _accepted(future)
 
     @route("/api/v1/get_info")

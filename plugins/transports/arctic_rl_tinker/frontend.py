@@ -1,7 +1,9 @@
 """Tinker's sessions, models and samplers mapped onto ``RLServer`` operations.
 
-A model is a training job plus a sampling job for its base model; ``save_weights_for_sampler``
-is a ``sync_weights`` whose weight version the returned ``tinker://`` path names. This object
+A model is a training job plus a sampling job for its base model, in LoRA mode (Tinker trains
+adapters only; full fine-tuning needs the server's explicit ``full_fine_tuning``).
+``save_weights_for_sampler`` is a ``sync_weights`` whose (adapter) version the returned
+``tinker://`` path names; a sampler on an older path keeps that adapter version. This object
 holds only the Tinker-side names (ids, paths, versions); every job state lives in the server.
 """
 
@@ -17,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from arctic_platform.rl.api import ArcticRLError, InvalidRequestError, JobError, RLServer
-from arctic_rl_tinker import convert
+from arctic_rl_tinker import convert, lora_models
 from arctic_rl_tinker.futures import (
     Coalescer,
     Future,
@@ -61,8 +63,10 @@ class TinkerFrontend:
         gpus: Gpus | None = None,
         job_ready_timeout: float = 900.0,
         session_ttl: float = SESSION_TTL,
+        full_fine_tuning: bool = False,
     ) -> None:
         self.server = server
+        self.full_fine_tuning = full_fine_tuning
         self.gpus = gpus or Gpus.from_total(int(getattr(server, "num_gpus", 1) or 1))
         self.job_ready_timeout = job_ready_timeout
         self.futures = Futures()
@@ -178,11 +182,12 @@ class TinkerFrontend:
 
     # --- models -----------------------------------------------------------------------
 
-    def _job_config(self, base_model: str) -> dict[str, Any]:
+    def _job_config(self, base_model: str, lora: dict[str, Any] | None = None) -> dict[str, Any]:
         from arctic_platform.rl.api import ArcticRLClientConfig
 
         config = ArcticRLClientConfig(
             model_name=base_model,
+            training_config={"lora": lora} if lora is not None else None,
             host="127.0.0.1",
             port=1,
             training_gpus=self.gpus.training,
@@ -208,23 +213,31 @@ class TinkerFrontend:
             time.sleep(0.5)
 
     def create_model(
-        self, session_id: str, model_seq_id: int, base_model: str, lora_rank: int | None
+        self,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        lora_config: dict[str, Any] | None,
     ) -> Future:
-        """Start a training and a sampling job for ``base_model``; the future answers its id."""
+        """Start a training and a sampling job for ``base_model`` (a LoRA adapter of Tinker's
+        ``lora_config`` unless the server does full fine-tuning); the future answers its id."""
         self.session(session_id)
         model_id = f"{session_id}:train:{model_seq_id}"
+        lora = None if self.full_fine_tuning else lora_models.lora_section(lora_config)
+        lora_models.check_base_model(base_model)
+        rank = lora["rank"] if lora else (lora_config or {}).get("rank")
         with self._lock:
             if model_id in self.models:
                 raise InvalidRequestError(f"model {model_id} already exists")
             model = Model(
-                model_id, base_model, Lane(model_id), session_id=session_id, lora_rank=lora_rank
+                model_id, base_model, Lane(model_id), session_id, lora_rank=rank, lora=lora
             )
             self.models[model_id] = model
         future = self.futures.new("create_model")
 
         def work() -> Outcome:
             try:
-                config = self._job_config(base_model)
+                config = self._job_config(base_model, lora)
                 model.training_job = self._start_job("training", config)
                 model.sampling_job = self._start_job("sampling", config)
                 self._wait_running(model.training_job)
@@ -246,7 +259,7 @@ class TinkerFrontend:
         return future
 
     def get_info(self, model_id: str) -> dict[str, Any]:
-        """Tinker's GetInfoResponse: full fine-tuning (``is_lora`` false)."""
+        """Tinker's GetInfoResponse: ``is_lora`` and the rank (false and None: full weights)."""
         model = self.model(model_id)
         return {
             "type": "get_info",
@@ -257,8 +270,8 @@ class TinkerFrontend:
                 "tokenizer_id": model.base_model,
             },
             "optimizer_config": {"type": "adamw"},
-            "is_lora": False,
-            "lora_rank": None,
+            "is_lora": model.lora is not None,
+            "lora_rank": model.lora["rank"] if model.lora else None,
             "model_name": model.base_model,
         }
 
@@ -352,11 +365,14 @@ class TinkerFrontend:
         return self._ordered(model, seq_id, "optim_step", work)
 
     def _sync(self, model: Model) -> int:
-        answer = self.server.handle(
-            "sync_weights",
-            {"training_job_id": model.training_job, "sampling_job_ids": [model.sampling_job]},
-        )
-        return int(answer["weight_version"])
+        payload = {"training_job_id": model.training_job, "sampling_job_ids": [model.sampling_job]}
+        if model.lora is not None:  # an adapter-only sync: a new version, the old ones stay
+            payload["adapter"] = model.adapter
+        return int(self.server.handle("sync_weights", payload)["weight_version"])
+
+    def _served(self, model: Model) -> str | None:
+        """The adapter a sampler of ``model`` asks for (None: full weights)."""
+        return model.adapter if model.lora is not None else None
 
     def save_weights_for_sampler(
         self, model_id: str, seq_id: int | None, name: str | None
@@ -374,7 +390,7 @@ class TinkerFrontend:
             answer: dict[str, Any] = {"type": "save_weights_for_sampler", "path": path}
             if name is None:  # save_weights_and_get_sampling_client: a session on it
                 answer["sampling_session_id"] = self._new_sampler(
-                    model.base_model, model.sampling_job, version, path
+                    model.base_model, model.sampling_job, version, path, self._served(model)
                 )
             return Outcome(json=answer)
 
@@ -418,11 +434,28 @@ class TinkerFrontend:
 
     # --- sampling ---------------------------------------------------------------------
 
-    def _new_sampler(self, base_model: str, job_id: int, version: int, path: str | None) -> str:
+    def _new_sampler(
+        self,
+        base_model: str,
+        job_id: int,
+        version: int,
+        path: str | None,
+        adapter: str | None = None,
+    ) -> str:
         sampler_id = f"sampler-{uuid.uuid4()}"
+        sampler = Sampler(sampler_id, base_model, job_id, version, path, adapter)
         with self._lock:
-            self.samplers[sampler_id] = Sampler(sampler_id, base_model, job_id, version, path)
+            self.samplers[sampler_id] = sampler
         return sampler_id
+
+    def _lora_job_of(self, base_model: str) -> int | None:
+        """A running LoRA sampling job of ``base_model`` (it serves the base as ``base``)."""
+        with self._lock:
+            models = [m for m in self.models.values() if m.base_model == base_model and m.lora]
+        for model in models:
+            if model.ready.is_set() and model.error is None and model.sampling_job is not None:
+                return model.sampling_job
+        return None
 
     def _base_sampler_job(self, base_model: str) -> int:
         """A sampling job of the untrained ``base_model`` (started once, kept)."""
@@ -449,9 +482,14 @@ class TinkerFrontend:
                 )
             model = self._ready(self.model(entry[1]))
             assert model.sampling_job is not None
-            return self._new_sampler(model.base_model, model.sampling_job, entry[2], model_path)
+            return self._new_sampler(
+                model.base_model, model.sampling_job, entry[2], model_path, self._served(model)
+            )
         if not base_model:
             raise InvalidRequestError("create_sampling_session needs model_path or base_model")
+        shared = self._lora_job_of(base_model)
+        if shared is not None:
+            return self._new_sampler(base_model, shared, 0, None, lora_models.BASE_ADAPTER)
         return self._new_sampler(base_model, self._base_sampler_job(base_model), 0, None)
 
     def sample(self, sampler: Sampler, request: dict[str, Any]) -> Future:
@@ -477,7 +515,12 @@ class TinkerFrontend:
         if params.get("seed") is not None:  # seeds go per prompt in a batch: never shared
             self._pool.submit(self._run_samples, params, [item])
         else:
-            key = (sampler.job_id, sampler.version, json.dumps(params, sort_keys=True))
+            key = (
+                sampler.job_id,
+                sampler.adapter,
+                sampler.version,
+                json.dumps(params, sort_keys=True),
+            )
             self._samples.add(key, (params, item))
         return future
 
@@ -485,24 +528,29 @@ class TinkerFrontend:
         self._run_samples(batch[0][0], [item for _, item in batch])
 
     def _run_samples(self, params: dict[str, Any], items: list[SampleItem]) -> None:
-        """One ``generate`` for the prompts of ``items`` (one sampling job and weight version,
-        the same parameters); if it refuses them, each prompt alone, so that a bad prompt
-        fails only its own request."""
-        job_id, version = items[0].sampler.job_id, items[0].sampler.version
+        """One ``generate`` for the prompts of ``items`` (one sampling job and weight or
+        adapter version, the same parameters); if it refuses them, each prompt alone, so that
+        a bad prompt fails only its own request. A full-weight job serves only its newest
+        weights; a LoRA job serves any adapter version it keeps."""
+        sampler = items[0].sampler
+        job_id, version = sampler.job_id, sampler.version
+        request: dict[str, Any] = {
+            "job_id": job_id,
+            "prompts": [item.prompt for item in items],
+            "sampling_params": params,
+        }
         try:
-            info = self.server.handle("get_job", {"job_id": job_id})
-            if info.get("weight_version", 0) != version:
-                for item in items:
-                    item.future.set(failure(item.stale(info.get("weight_version"))))
-                return
-            answer = self.server.handle(
-                "generate",
-                {
-                    "job_id": job_id,
-                    "prompts": [item.prompt for item in items],
-                    "sampling_params": params,
-                },
-            )
+            if sampler.adapter is None:
+                info = self.server.handle("get_job", {"job_id": job_id})
+                if info.get("weight_version", 0) != version:
+                    for item in items:
+                        item.future.set(failure(item.stale(info.get("weight_version"))))
+                    return
+            else:
+                request["adapter"] = sampler.adapter
+                if sampler.adapter != lora_models.BASE_ADAPTER:
+                    request["adapter_version"] = version
+            answer = self.server.handle("generate", request)
         except InvalidRequestError as exc:
             if len(items) == 1:
                 items[0].future.set(failure(exc))

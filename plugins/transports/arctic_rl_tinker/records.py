@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
-from arctic_platform.rl.api import InvalidRequestError, NotFoundError
+from arctic_platform.rl.api import DEFAULT_ADAPTER, InvalidRequestError, NotFoundError
 from arctic_rl_tinker.futures import Lane
 
 SESSION_TTL = 120.0
@@ -38,13 +39,18 @@ class StaleWeightsError(InvalidRequestError):
 
 @dataclass
 class Model:
-    """A Tinker training model: our training job and the sampling job it syncs into."""
+    """A Tinker training model: our training job and the sampling job it syncs into (in LoRA
+    mode, as ``adapter``: a pool of models on one base's jobs would give each its own name)."""
 
     model_id: str
     base_model: str
     lane: Lane
     session_id: str = ""
     lora_rank: int | None = None
+    lora: dict[str, Any] | None = None
+    """``training_config.lora`` of its jobs; None: full fine-tuning."""
+    adapter: str = DEFAULT_ADAPTER
+    """The adapter its weights sync into and its samplers serve (LoRA mode)."""
     training_job: int | None = None
     sampling_job: int | None = None
     ready: threading.Event = field(default_factory=threading.Event)
@@ -53,13 +59,15 @@ class Model:
 
 @dataclass
 class Sampler:
-    """A sampling session: a sampling job and the weight version it was opened on."""
+    """A sampling session: a sampling job and the weight (or adapter) version it was opened on."""
 
     sampler_id: str
     base_model: str
     job_id: int
     version: int
     model_path: str | None = None
+    adapter: str | None = None
+    """LoRA: the adapter served at ``version`` (``base``: none); None: a full-weight job."""
 
 
 @dataclass(frozen=True)

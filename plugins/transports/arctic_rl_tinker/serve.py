@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from arctic_platform.rl.api import RLServer, ServeError, check_serve_token, serve_http
 from arctic_rl_tinker.app import build_app
@@ -12,6 +13,19 @@ logger = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "tml-"
 """The SDK sends a key only if it starts with this (or is a JWT)."""
+FULL_FINE_TUNING_ENV = "ARCTIC_RL_TINKER_FULL_FINE_TUNING"
+"""Set to 1 to train every Tinker model's full weights instead of a LoRA adapter."""
+
+
+def full_fine_tuning() -> bool:
+    """Whether the server was told (``ARCTIC_RL_TINKER_FULL_FINE_TUNING=1``) to train the full
+    weights of every model."""
+    value = os.environ.get(FULL_FINE_TUNING_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ServeError(f"{FULL_FINE_TUNING_ENV}={value!r}: set it to 1 (full weights) or 0 (LoRA)")
 
 
 def no_client(*args: object, **kwargs: object) -> None:
@@ -42,7 +56,14 @@ def serve(
 ) -> None:
     """Run the Tinker API in this thread until ``server.shutdown_requested`` is set."""
     check_token(token, host)
-    frontend = TinkerFrontend(server)
+    full = full_fine_tuning()
+    if full:
+        logger.warning(
+            "%s is set: every Tinker model trains its full weights (no LoRA; each model costs "
+            "a full training and sampling job, and LoRA-tuned learning rates are ~10x too high)",
+            FULL_FINE_TUNING_ENV,
+        )
+    frontend = TinkerFrontend(server, full_fine_tuning=full)
     try:
         app = build_app(frontend, token)
         logger.info(
@@ -65,4 +86,11 @@ def serve(
         frontend.close()
 
 
-__all__ = ["ServeError", "check_token", "no_client", "serve"]
+__all__ = [
+    "FULL_FINE_TUNING_ENV",
+    "ServeError",
+    "check_token",
+    "full_fine_tuning",
+    "no_client",
+    "serve",
+]

@@ -1,0 +1,160 @@
+"""The Tinker front-end in LoRA mode, over a recording stand-in for ``RLServer``: Tinker's
+``LoraConfig`` becomes ``training_config.lora``, syncs name the adapter, samplers ask for their
+adapter version, base samplers share a LoRA job, and bad settings are refused before any job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from arctic_platform.rl.api import InvalidRequestError
+from arctic_rl_tinker.frontend import TinkerFrontend
+from arctic_rl_tinker.lora_models import check_base_model, lora_section
+
+
+class RecordingServer:
+    """Answers the operations the front-end sends and keeps every (name, payload)."""
+
+    num_gpus = 1
+
+    def __init__(self) -> None:
+        self.shutdown_requested = threading.Event()
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self._jobs = 0
+        self._versions: dict[int, int] = {}
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        payload = dict(payload or {})
+        self.calls.append((name, payload))
+        if name == "initialize":
+            self._jobs += 1
+            return {"job_id": self._jobs}
+        if name == "get_job":
+            version = self._versions.get(payload["job_id"], 0)
+            return {"state": "running", "weight_version": version}
+        if name == "sync_weights":
+            job = payload["sampling_job_ids"][0]
+            self._versions[job] = self._versions.get(job, 0) + 1
+            return {"weight_version": self._versions[job]}
+        if name == "generate":
+            return {"outputs": [{"token_ids": [[1]], "log_probs": [[-0.5]]}] * 1}
+        return {}
+
+    def sent(self, name: str) -> list[dict[str, Any]]:
+        """The payloads of every ``name`` call so far."""
+        return [payload for called, payload in self.calls if called == name]
+
+
+@pytest.fixture()
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    return str(tmp_path)
+
+
+def _frontend(**options: Any) -> tuple[TinkerFrontend, RecordingServer]:
+    server = RecordingServer()
+    return TinkerFrontend(server, **options), server  # type: ignore[arg-type]
+
+
+def _wait(future, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while future.outcome is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert future.outcome is not None and future.outcome.error is None, future.outcome
+    return future.outcome
+
+
+def test_tinkers_switches_map_to_module_suffixes_and_the_seed_is_kept():
+    lora = lora_section({"rank": 8, "seed": 5, "train_mlp": False, "train_unembed": True})
+    assert lora["rank"] == 8 and lora["seed"] == 5 and lora["dropout"] == 0.0
+    assert lora["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]
+    default = lora_section(None)
+    assert default["rank"] == 32 and len(default["target_modules"]) == 8
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"rank": 1024}, "above 512"),
+        ({"rank": 0}, "positive integer"),
+        ({"rank": 8, "train_mlp": False, "train_attn": False, "train_unembed": False}, "nothing"),
+    ],
+)
+def test_a_lora_config_no_sampler_could_serve_is_refused(config, words):
+    with pytest.raises(InvalidRequestError, match=words):
+        lora_section(config)
+
+
+def test_a_base_model_no_job_could_load_is_refused(tmp_path, monkeypatch, model_dir):
+    check_base_model(model_dir)
+    with pytest.raises(InvalidRequestError, match="no such file"):
+        check_base_model(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidRequestError, match="without config"):
+        check_base_model(str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(InvalidRequestError, match="Hugging Face cache"):
+        check_base_model("some-org/some-model")
+
+
+def test_a_lora_model_starts_lora_jobs_and_syncs_and_serves_adapter_versions(model_dir):
+    frontend, server = _frontend()
+    try:
+        session = frontend.create_session()
+        _wait(frontend.create_model(session, 0, model_dir, {"rank": 8, "seed": 3}))
+        configs = [p["config"] for p in server.sent("initialize")]
+        assert [p["job_type"] for p in server.sent("initialize")] == ["training", "sampling"]
+        for config in configs:  # the same LoRA config reaches both jobs
+            assert config["training_config"]["lora"]["rank"] == 8
+            assert config["training_config"]["lora"]["seed"] == 3
+        model_id = f"{session}:train:0"
+        info = frontend.get_info(model_id)
+        assert info["is_lora"] is True and info["lora_rank"] == 8
+        first = _wait(frontend.save_weights_for_sampler(model_id, 1, None)).json
+        _wait(frontend.save_weights_for_sampler(model_id, 2, "later"))
+        assert [p["adapter"] for p in server.sent("sync_weights")] == ["default", "default"]
+        assert first["path"].endswith("/sampler_weights/v1")
+        sampler = frontend.sampler(first["sampling_session_id"])
+        frontend.sample(sampler, {"prompt": {"chunks": [{"tokens": [1, 2]}]}, "num_samples": 1})
+        deadline = time.monotonic() + 5
+        while not server.sent("generate") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (generate,) = server.sent("generate")  # version 1 after version 2 exists: no 409
+        assert generate["adapter"] == "default" and generate["adapter_version"] == 1
+        base = frontend.sampler(frontend.create_sampling_session(session, None, model_dir))
+        assert (base.job_id, base.adapter) == (sampler.job_id, "base")
+        assert len(server.sent("initialize")) == 2  # no job of its own
+    finally:
+        frontend.close()
+
+
+def test_full_fine_tuning_only_when_the_server_says_so(model_dir):
+    frontend, server = _frontend(full_fine_tuning=True)
+    try:
+        session = frontend.create_session()
+        _wait(frontend.create_model(session, 0, model_dir, {"rank": 8}))
+        assert all(p["config"].get("training_config") is None for p in server.sent("initialize"))
+        info = frontend.get_info(f"{session}:train:0")
+        assert info["is_lora"] is False and info["lora_rank"] is None
+        _wait(frontend.save_weights_for_sampler(f"{session}:train:0", 1, "x"))
+        assert "adapter" not in server.sent("sync_weights")[0]
+    finally:
+        frontend.close()
+
+
+def test_bad_lora_settings_are_refused_before_any_job_starts(model_dir, tmp_path):
+    frontend, server = _frontend()
+    try:
+        session = frontend.create_session()
+        with pytest.raises(InvalidRequestError, match="512"):
+            frontend.create_model(session, 0, model_dir, {"rank": 600})
+        with pytest.raises(InvalidRequestError, match="no such file"):
+            frontend.create_model(session, 1, str(tmp_path / "nope"), {"rank": 8})
+        assert server.sent("initialize") == [] and frontend.models == {}
+    finally:
+        frontend.close()
