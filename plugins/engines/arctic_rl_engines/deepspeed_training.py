@@ -26,14 +26,16 @@ from arctic_platform.rl.api import (
     InvalidRequestError,
     TrainingEngine,
 )
-from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
+from arctic_rl_engines import ds_checkpoint, ds_env, ds_lora, ds_model
 from arctic_rl_engines.ds_config import (
     build_optimizer,
     lr_schedule,
     reference_ds_config,
+    set_optimizer_params,
     training_setup,
 )
 from arctic_rl_engines.logprobs import rows_log_probs, token_log_probs
+from arctic_rl_engines.lora_format import adapter_config_dict
 from arctic_rl_engines.microbatch import DUMMY, plan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +51,6 @@ SLEEP_UNSUPPORTED = (
     "sleep/wake are not implemented for the DeepSpeed training engine: on CPU there is no "
     "device memory to free, and weights and optimizer state stay where they are"
 )
-OPTIMIZER_PARAMS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 NOTHING_ACCUMULATED = "no fwd_bwd accumulated gradients since the last step or checkpoint load"
 
 
@@ -81,12 +82,18 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         # checkpoint_path is the run's checkpoint root: resume its newest checkpoint, else
         # start from Hugging Face weights there, else (empty or missing) from model_name
         resume, source = ds_checkpoint.start_point(config.checkpoint_path, config.model_name)
-        # The reference model is the run's initial weights, kept across resumes.
+        # The reference model is the run's initial weights, kept across resumes; in LoRA
+        # mode it is also the frozen base the adapter is trained on.
+        self._lora = ds_lora.lora_of(config)
         self._reference_source = source
         if resume is not None:
-            saved = ds_checkpoint.read_marker(resume).get("reference_source")
+            meta = ds_checkpoint.read_marker(resume)
+            ds_lora.check_mode(meta, self._lora, resume)
+            saved = meta.get("reference_source")
             usable = saved and (Path(saved).exists() or not Path(saved).is_absolute())
             self._reference_source = saved if usable else config.model_name
+            if self._lora is not None:  # no hf/ export: the base is loaded again
+                source = self._reference_source
         module = ds_model.load_causal_lm(
             source, dtype=self.setup.dtype, attn_impl=self.setup.attn_impl
         )
@@ -96,6 +103,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             )
             module.config.use_cache = False
         self._vocab, self._max_len, self._pad_id = ds_model.model_limits(module.config)
+        if self._lora is not None:
+            module = ds_lora.wrap(module, self._lora, config.seed)
 
         ds_config = dict(self.setup.ds_config)
         optimizer = None
@@ -119,6 +128,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
 
         self._engine, *_ = deepspeed.initialize(
             model=module,
+            model_parameters=ds_lora.trainable(module) if self._lora is not None else None,
             optimizer=optimizer,
             lr_scheduler=make_scheduler if schedule is not None else None,
             config=ds_config,
@@ -335,21 +345,26 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         ``reference_model=True``: under the frozen initial weights of the run (``model_name``,
         or the Hugging Face ``checkpoint_path`` it started from; kept across resumes).
         """
+        import contextlib
+
         clean = self._batch(batch)
-        if reference_model:
-            model: Any = self._reference_model()
-        else:
-            self._engine.eval()
-            model = self._engine
-        rows = rows_log_probs(
-            model,
-            clean.rows("input_ids"),
-            device=self._device,
-            pad_id=self._pad_id,
-            max_tokens=self.setup.max_tokens_per_mb,
-            rank=self._rank,
-            world=self._world,
-        )
+        model: Any = self._engine
+        context: Any = contextlib.nullcontext()
+        if reference_model and self._lora is not None:  # the base: the adapter switched off
+            context = self._engine.module.disable_adapter()
+        elif reference_model:
+            model = self._reference_model()
+        self._engine.eval()
+        with context:
+            rows = rows_log_probs(
+                model,
+                clean.rows("input_ids"),
+                device=self._device,
+                pad_id=self._pad_id,
+                max_tokens=self.setup.max_tokens_per_mb,
+                rank=self._rank,
+                world=self._world,
+            )
         return [r.log_probs for r in rows]
 
     def _reference_model(self) -> ds_model.ForwardModel:
@@ -395,7 +410,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             for group in optimizer.param_groups:
                 group["lr"] = lr
         if optimizer_params:
-            self._set_optimizer_params(optimizer_params)
+            set_optimizer_params(self._engine, optimizer_params)
         used = float(optimizer.param_groups[0]["lr"])
         self._engine.step()
         self._accumulated = False
@@ -406,37 +421,6 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             "grad_norm": float(norm) if norm is not None else 0.0,
             "applied": True,
         }
-
-    def _set_optimizer_params(self, params: Mapping[str, Any]) -> None:
-        """Set AdamW's betas, eps, weight decay and the gradient-clipping norm."""
-        unknown = sorted(set(params) - set(OPTIMIZER_PARAMS))
-        if unknown:
-            raise InvalidRequestError(
-                f"unknown optimizer_params {unknown}; accepted: {list(OPTIMIZER_PARAMS)}"
-            )
-        for key, value in params.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidRequestError(f"optimizer_params {key}={value!r} must be a number")
-        groups = self._engine.optimizer.param_groups
-        for group in groups:
-            beta1, beta2 = group["betas"]
-            group["betas"] = (
-                float(params.get("beta1", beta1)),
-                float(params.get("beta2", beta2)),
-            )
-            if "eps" in params:
-                group["eps"] = float(params["eps"])
-            if "weight_decay" in params:
-                group["weight_decay"] = float(params["weight_decay"])
-        if "grad_clip_norm" in params:
-            clip = max(float(params["grad_clip_norm"]), 0.0)
-            torch_optimizer = self._engine.optimizer
-            if hasattr(torch_optimizer, "clip_norm"):  # our AdamW measures and clips itself
-                torch_optimizer.clip_norm = clip
-            else:  # DeepSpeed clips: its config, and a ZeRO optimizer's own copy
-                self._engine._config.gradient_clipping = clip
-                if hasattr(torch_optimizer, "clip_grad"):
-                    torch_optimizer.clip_grad = clip
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -450,7 +434,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         """Write the full training state to ``directory/tag`` atomically; returns its path.
 
         Holds DeepSpeed's state (weights, optimizer, scheduler, step), each rank's RNG and a
-        Hugging Face export (``hf/``: weights, config, tokenizer). Collective.
+        Hugging Face export (``hf/``: weights, config, tokenizer); in LoRA mode DeepSpeed's
+        state leaves out the frozen base and ``adapter/`` (a PEFT directory) replaces ``hf/``.
+        Collective.
         """
         step = self.global_step
         tag = ds_checkpoint.check_tag(tag if tag is not None else f"global_step{step}")
@@ -467,17 +453,10 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 tag=ds_checkpoint.DEEPSPEED_TAG,
                 client_state={"arctic_rl_global_step": step},
                 save_latest=False,
+                exclude_frozen_parameters=self._lora is not None,
             )
             ds_checkpoint.save_rng(tmp, self._rank)
-            weights = dict(ds_model.full_weights(self._engine.module))
-            if self._rank == 0:
-                hf = ds_checkpoint.hf_dir(tmp)
-                self._engine.module.save_pretrained(
-                    str(hf), state_dict=weights, safe_serialization=True
-                )
-                if self._tokenizer is not None:
-                    self._tokenizer.save_pretrained(str(hf))
-            del weights
+            self._export(tmp)
             self._barrier()
             if self._rank == 0:
                 ds_checkpoint.write_marker(
@@ -490,6 +469,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                         "dtype": self.setup.dtype,
                         "model_name": self.config.model_name,
                         "reference_source": self._reference_source,
+                        **ds_lora.marker_fields(self._lora, self._reference_source),
                     },
                 )
                 ds_checkpoint.publish(tmp, final)
@@ -498,6 +478,21 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             raise CheckpointError(f"could not write checkpoint {final}: {exc}") from exc
         return str(final)
 
+    def _export(self, tmp: Path) -> None:
+        """Write the checkpoint's ``hf/`` export, or ``adapter/`` in LoRA mode (collective)."""
+        weights = dict(self.named_weights())
+        if self._rank != 0:
+            return
+        if self._lora is not None:
+            ds_lora.save_adapter(
+                tmp / ds_lora.ADAPTER_DIR, weights, self._lora, self._reference_source
+            )
+            return
+        hf = ds_checkpoint.hf_dir(tmp)
+        self._engine.module.save_pretrained(str(hf), state_dict=weights, safe_serialization=True)
+        if self._tokenizer is not None:
+            self._tokenizer.save_pretrained(str(hf))
+
     def load_checkpoint(self, path: str) -> int:
         """Restore a checkpoint (``path`` or its newest complete child); returns the step.
 
@@ -505,6 +500,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         """
         ckpt = ds_checkpoint.find_checkpoint(path)
         meta = ds_checkpoint.read_marker(ckpt)
+        ds_lora.check_mode(meta, self._lora, ckpt)
         saved_world = int(meta.get("world_size", self._world))
         if saved_world != self._world and self.setup.zero_stage > 0:
             raise CheckpointError(
@@ -518,6 +514,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             tag=ds_checkpoint.DEEPSPEED_TAG,
             load_optimizer_states=True,
             load_lr_scheduler_states=True,
+            load_module_strict=self._lora is None,  # LoRA: the frozen base is not saved
         )
         if loaded is None:
             raise CheckpointError(f"DeepSpeed found no state in {ckpt}")
@@ -529,8 +526,21 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     # --- weights and resources ------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full CPU tensors under Hugging Face names (collective under ZeRO-3)."""
+        """Full CPU tensors under Hugging Face names (collective under ZeRO-3); in LoRA mode
+        only the adapter's, under peft's export names."""
+        if self._lora is not None:
+            return iter(ds_lora.export(self._engine.module).items())
         return ds_model.full_weights(self._engine.module)
+
+    def lora_info(self) -> dict[str, Any] | None:
+        """The adapter's settings and size (tensors, params, bytes); None in full mode."""
+        lora = self._lora
+        return None if lora is None else ds_lora.info(lora, self._engine.module, self.setup.dtype)
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """``adapter_config.json`` of the adapter this engine trains; None in full mode."""
+        lora, base = self._lora, self._reference_source
+        return None if lora is None else adapter_config_dict(lora, lora.rank, base_model=base)
 
     def weight_norm(self) -> float:
         """L2 norm of all weights (float64 accumulation); collective under ZeRO-3."""

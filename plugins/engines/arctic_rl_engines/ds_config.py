@@ -14,12 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import EngineConfigError, OptimizerConfig, TrainingConfig
+from arctic_platform.rl.api import (
+    EngineConfigError,
+    InvalidRequestError,
+    OptimizerConfig,
+    TrainingConfig,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
+OPTIMIZER_PARAMS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 _NOMINAL_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu")
 
 
@@ -307,3 +313,36 @@ def build_optimizer(
         weight_decay=opt.weight_decay,
         foreach=True,
     )
+
+
+def set_optimizer_params(engine: Any, params: Mapping[str, Any]) -> None:
+    """Set AdamW's betas, eps, weight decay and the gradient-clipping norm of a DeepSpeed
+    ``engine`` from a step's ``optimizer_params``."""
+    unknown = sorted(set(params) - set(OPTIMIZER_PARAMS))
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown optimizer_params {unknown}; accepted: {list(OPTIMIZER_PARAMS)}"
+        )
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidRequestError(f"optimizer_params {key}={value!r} must be a number")
+    groups = engine.optimizer.param_groups
+    for group in groups:
+        beta1, beta2 = group["betas"]
+        group["betas"] = (
+            float(params.get("beta1", beta1)),
+            float(params.get("beta2", beta2)),
+        )
+        if "eps" in params:
+            group["eps"] = float(params["eps"])
+        if "weight_decay" in params:
+            group["weight_decay"] = float(params["weight_decay"])
+    if "grad_clip_norm" in params:
+        clip = max(float(params["grad_clip_norm"]), 0.0)
+        torch_optimizer = engine.optimizer
+        if hasattr(torch_optimizer, "clip_norm"):  # our AdamW measures and clips itself
+            torch_optimizer.clip_norm = clip
+        else:  # DeepSpeed clips: its config, and a ZeRO optimizer's own copy
+            engine._config.gradient_clipping = clip
+            if hasattr(torch_optimizer, "clip_grad"):
+                torch_optimizer.clip_grad = clip

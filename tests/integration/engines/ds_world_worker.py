@@ -3,7 +3,8 @@
 Usage: ``python ds_world_worker.py SPEC.json OUT.json`` with RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT and LOCAL_RANK set. For each ZeRO stage in the spec it trains the spec's batch
 (one GRPO step, then cross-entropy steps), checks a save/continue vs load/continue round
-trip, and writes what it saw as JSON.
+trip, and writes what it saw as JSON. A spec whose ``training`` has ``lora`` runs
+``run_lora`` for each stage instead.
 """
 
 from __future__ import annotations
@@ -76,10 +77,62 @@ def run_stage(spec: dict[str, Any], stage: int) -> dict[str, Any]:
     return out
 
 
+def run_lora(spec: dict[str, Any], stage: int, out_path: str) -> dict[str, Any]:
+    """LoRA at ``stage``: train ``steps`` cross-entropy steps, export the adapter (written next
+    to ``out_path`` as safetensors) and save a checkpoint, recording peft's warnings."""
+    import warnings
+
+    from safetensors.torch import save_file
+
+    from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
+    from arctic_platform.rl.interfaces import EngineContext
+    from arctic_platform.rl.plugins import get_registry
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    config = ArcticRLClientConfig(
+        model_name=spec["model_path"],
+        training_gpus=world,
+        ds_config={"zero_optimization": {"stage": stage}},
+        training_config=TrainingConfig.model_validate(spec["training"]),
+    )
+    engine = (
+        get_registry()
+        .get("engine", "deepspeed", role="training")
+        .create(config, EngineContext(role="training", rank=rank, world_size=world))
+    )
+    ce = {k: v for k, v in spec["batch"].items() if k in ("input_ids", "loss_mask")}
+    out: dict[str, Any] = {"losses": []}
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(spec["steps"]):
+                out["losses"].append(engine.fwd_bwd(ce, "cross_entropy")["loss"])
+                engine.step()
+            adapter = dict(engine.named_weights())
+            out["checkpoint"] = engine.save_checkpoint(
+                spec["checkpoint_dir"], tag=f"lora-zero{stage}"
+            )
+        out["warnings"] = [str(w.message) for w in seen if "LoRA" in str(w.message)]
+        out["lora_info"] = engine.lora_info()
+        out["weight_norm"] = engine.weight_norm()
+        out["local_lora_numel"] = sum(
+            int(getattr(p, "ds_tensor", p).numel())
+            for n, p in engine._engine.module.named_parameters()
+            if ".lora_" in n
+        )
+        save_file(adapter, f"{out_path}.zero{stage}.safetensors")
+    finally:
+        engine.close()
+    return out
+
+
 def main(spec_path: str, out_path: str) -> None:
-    """Run every stage of the spec and write the results of this rank."""
+    """Run every stage of the spec (or its LoRA run) and write the results of this rank."""
     spec = json.loads(Path(spec_path).read_text())
-    results = {str(stage): run_stage(spec, stage) for stage in spec["stages"]}
+    if "lora" in spec["training"]:
+        results = {str(stage): run_lora(spec, stage, out_path) for stage in spec["stages"]}
+    else:
+        results = {str(stage): run_stage(spec, stage) for stage in spec["stages"]}
     Path(out_path).write_text(json.dumps(results))
 
 

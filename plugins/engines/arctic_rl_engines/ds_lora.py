@@ -1,0 +1,178 @@
+"""LoRA mode of the DeepSpeed engines: peft wrapping, adapter export, adapter checkpoints.
+
+A job is in LoRA mode when ``training_config.lora`` is set. The base model is wrapped with
+``peft.get_peft_model`` before ``deepspeed.initialize`` and stays frozen; only the adapter's
+``lora_A``/``lora_B`` tensors train, cross the wire (under peft's export names, ``.default``
+stripped) and go into checkpoints. Under ZeRO-3 only the LoRA parameters are gathered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arctic_platform.rl.api import CheckpointError, EngineConfigError, LoraConfig
+from arctic_rl_engines.ds_model import is_zero3_param
+from arctic_rl_engines.lora_format import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config_dict
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+ADAPTER_DIR = "adapter"
+LORA_MARKER = ".lora_"  # in every LoRA parameter's name: ``...q_proj.lora_A.default.weight``
+
+
+def lora_of(config: Any) -> LoraConfig | None:
+    """The job's LoRA settings (``training_config.lora``), or None in full-weight mode."""
+    training = getattr(config, "training_config", None)
+    return None if training is None else training.lora
+
+
+def linear_names(module: Any) -> list[str]:
+    """The distinct last name components of the model's linear layers (what LoRA can target)."""
+    import torch
+
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, sub in module.named_modules()
+        if name and isinstance(sub, torch.nn.Linear)
+    }
+    return sorted(names)
+
+
+def check_targets(module: Any, lora: LoraConfig) -> None:
+    """Refuse target modules the model has no linear layer for, naming the ones it has."""
+    have = linear_names(module)
+    unknown = [t for t in lora.target_modules if t not in have]
+    if unknown:
+        raise EngineConfigError(
+            f"training_config.lora.target_modules {unknown} match no linear layer of this "
+            f"model; its linear layers are named {have}"
+        )
+
+
+def wrap(module: Any, lora: LoraConfig, seed: int) -> Any:
+    """``module`` wrapped by peft with a fresh adapter (``lora_B`` = 0, ``lora_A`` drawn from
+    ``lora.seed`` or ``seed``, without moving the caller's RNG); the base frozen."""
+    import peft
+    import torch
+
+    check_targets(module, lora)
+    config = peft.LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        lora_dropout=lora.dropout,
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(lora.seed if lora.seed is not None else seed)
+        wrapped = peft.get_peft_model(module, config, autocast_adapter_dtype=False)
+    return wrapped
+
+
+def lora_parameters(module: Any) -> list[tuple[str, Any]]:
+    """The adapter's parameters ``(name, param)`` of a peft-wrapped module."""
+    return [(n, p) for n, p in module.named_parameters() if LORA_MARKER in n]
+
+
+def export(module: Any) -> dict[str, torch.Tensor]:
+    """The adapter as full CPU tensors under peft's export names.
+
+    Under ZeRO-3 only the LoRA parameters are gathered (collective: every rank calls it).
+    """
+    from peft import get_peft_model_state_dict
+
+    sharded = [p for _, p in lora_parameters(module) if is_zero3_param(p)]
+    gather: Any = contextlib.nullcontext()
+    if sharded:
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(sharded, modifier_rank=None)
+    with gather:
+        state = get_peft_model_state_dict(module, save_embedding_layers=False)
+        return {name: t.detach().cpu().clone() for name, t in state.items()}
+
+
+def info(lora: LoraConfig, module: Any, dtype: str) -> dict[str, Any]:
+    """``lora_info()``: rank, alpha, targets, and the adapter's tensor, parameter and byte counts
+    (``dtype``: the training dtype's name); no collective."""
+    import math
+
+    from arctic_rl_engines.ds_config import torch_dtype
+
+    params = [p for _, p in lora_parameters(module)]
+    numel = sum(math.prod(p.ds_shape) if is_zero3_param(p) else int(p.numel()) for p in params)
+    return {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "target_modules": list(lora.target_modules),
+        "tensors": len(params),
+        "params": numel,
+        "bytes": numel * torch_dtype(dtype).itemsize,
+    }
+
+
+def save_adapter(
+    directory: Path, tensors: Mapping[str, torch.Tensor], lora: LoraConfig, base_model: str
+) -> Path:
+    """Write a PEFT adapter directory (``adapter_config.json`` + safetensors) vLLM can load."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = adapter_config_dict(lora, lora.rank, base_model=base_model)
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(directory / ADAPTER_WEIGHTS),
+        metadata={"format": "pt"},
+    )
+    return directory
+
+
+def marker_fields(lora: LoraConfig | None, base_model: str) -> dict[str, Any]:
+    """What a checkpoint's marker records about the mode: the LoRA settings and the base."""
+    if lora is None:
+        return {"lora": None}
+    return {"lora": lora.model_dump(mode="json"), "base_model": base_model}
+
+
+def _signature(settings: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        int(settings["rank"]),
+        float(settings["alpha"]),
+        tuple(sorted(settings["target_modules"])),
+    )
+
+
+def check_mode(meta: Mapping[str, Any], lora: LoraConfig | None, path: Path) -> None:
+    """Refuse a checkpoint written in the other mode (LoRA vs full) or with other LoRA settings."""
+    saved = meta.get("lora")
+    if saved and lora is None:
+        raise CheckpointError(
+            f"{path} is a LoRA checkpoint (rank {saved.get('rank')}, base "
+            f"{meta.get('base_model')!r}) but this job trains full weights; set "
+            "training_config.lora to its settings to resume it"
+        )
+    if not saved and lora is not None:
+        raise CheckpointError(
+            f"{path} is a full-weight checkpoint but this job trains a LoRA adapter; its "
+            f"Hugging Face export {path / 'hf'} can be a LoRA run's base (checkpoint_path)"
+        )
+    if saved and lora is not None:
+        mine = lora.model_dump(mode="json")
+        if _signature(saved) != _signature(mine):
+            raise CheckpointError(
+                f"{path} holds a LoRA adapter with rank {saved['rank']}, alpha "
+                f"{saved['alpha']}, targets {saved['target_modules']}; this job's "
+                f"training_config.lora has rank {lora.rank}, alpha {lora.alpha}, targets "
+                f"{lora.target_modules}"
+            )
+
+
+def trainable(module: Any) -> Iterable[Any]:
+    """The parameters an optimizer should hold (the adapter's in LoRA mode)."""
+    return [p for p in module.parameters() if p.requires_grad]

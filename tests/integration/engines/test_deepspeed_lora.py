@@ -1,0 +1,240 @@
+"""LoRA mode of the DeepSpeed training engine on CPU: the adapter trains, exports, checkpoints.
+
+One ZeRO-0 engine (rank 8, alpha 16, default targets) serves the module's tests in order:
+step 0 (adapter = base), training, checkpoints and resume; the 2-rank ZeRO-3 run is a world
+of two processes (``ds_world_worker.py``) compared with that one-process run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_deepspeed_training import make_batch, make_engine, max_weight_diff, weights
+from test_deepspeed_world2 import make_spec, run_world
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+
+from arctic_platform.rl.errors import CheckpointError, EngineConfigError  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LORA = {"rank": 8, "alpha": 16, "seed": 3}
+TRAINING = {"optimizer": {"lr": 1e-2}, "lora": LORA}
+EXPORT_NAME = re.compile(r"^base_model\.model\..+\.lora_[AB]\.weight$")
+STEPS = 3
+
+
+def lora_engine(model_path: str, **options: Any) -> Any:
+    """A LoRA training engine on the tiny model (``training`` overrides merge into TRAINING)."""
+    return make_engine(model_path, training={**TRAINING, **options.pop("training", {})}, **options)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared engine's checkpoint root."""
+    return tmp_path_factory.mktemp("lora-checkpoints")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path: str, root: Path) -> Any:
+    """The module's ZeRO-0 LoRA engine; tests use it in file order (step 0 first)."""
+    built = lora_engine(tiny_model_path, checkpoint_path=str(root))
+    yield built
+    built.close()
+
+
+def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for r, s in zip(a, b, strict=True) for x, y in zip(r, s, strict=True))
+
+
+def test_a_fresh_adapter_is_30_tensors_and_the_base_exactly(
+    engine: Any, tiny_model_path: str
+) -> None:
+    from arctic_rl_engines.logprobs import rows_log_probs
+
+    adapter = weights(engine)
+    params = sum(t.numel() for t in adapter.values())
+    size = sum(t.numel() * t.element_size() for t in adapter.values())
+    print(f"adapter: {len(adapter)} tensors, {params} params, {size} bytes")
+    assert (len(adapter), params, size) == (30, 39_240, 156_960)
+    assert all(EXPORT_NAME.match(n) and "base_layer" not in n for n in adapter)
+    assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in adapter.values())
+    assert all(not t.any() for n, t in adapter.items() if "lora_B" in n)
+    info = engine.lora_info()
+    assert info == {
+        "rank": 8,
+        "alpha": 16.0,
+        "target_modules": list(engine.config.training_config.lora.target_modules),
+        "tensors": 30,
+        "params": 39_240,
+        "bytes": 156_960,
+    }
+    config = engine.adapter_config()
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["bias"] == "none"
+    # Step 0: the trainer, its KL reference and the plain base model agree bit for bit.
+    batch = make_batch(5)
+    import transformers
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    plain = rows_log_probs(
+        base.eval(),
+        [list(r) for r in batch["input_ids"]],
+        device=torch.device("cpu"),
+        pad_id=engine._pad_id,
+        max_tokens=None,
+        rank=0,
+        world=1,
+    )
+    trainer = engine.fwd_no_grad(batch)
+    assert trainer == engine.fwd_no_grad(batch, reference_model=True)
+    assert trainer == [r.log_probs for r in plain]
+
+
+def test_training_moves_only_the_adapter_and_the_reference_stays_the_base(engine: Any) -> None:
+    batch = make_batch(5)
+    reference = engine.fwd_no_grad(batch, reference_model=True)
+    frozen = {
+        n: p.detach().clone()
+        for n, p in engine._engine.module.named_parameters()
+        if ".lora_" not in n
+    }
+    assert all(not p.requires_grad for p in frozen.values())
+    losses = []
+    for _ in range(STEPS):
+        losses.append(engine.fwd_bwd(make_batch(0), "cross_entropy")["loss"])
+        assert engine.step()["applied"]
+    print("LoRA loss curve:", [round(x, 4) for x in losses])
+    assert losses[-1] < losses[0]
+    after = dict(engine._engine.module.named_parameters())
+    assert all(torch.equal(after[n], t) for n, t in frozen.items())
+    assert engine.fwd_no_grad(batch, reference_model=True) == reference
+    moved = max_diff(engine.fwd_no_grad(batch), reference)
+    print(f"trainer vs base after {STEPS} steps: max |dlogp| = {moved:.4f}")
+    assert moved > 1e-3
+    assert any(t.any() for n, t in weights(engine).items() if "lora_B" in n)
+    assert engine._reference is None  # no second model was loaded
+
+
+def test_a_checkpoint_is_the_adapter_and_resumes_exactly(
+    engine: Any, root: Path, tiny_model_path: str
+) -> None:
+    path = Path(engine.save_checkpoint(str(root)))
+    assert sorted(p.name for p in path.iterdir()) == [
+        "adapter",
+        "arctic_rl_checkpoint.json",
+        "deepspeed",
+        "rng",
+    ]
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    print(f"LoRA checkpoint: {size} bytes")
+    assert size < 2_000_000
+    marker = json.loads((path / "arctic_rl_checkpoint.json").read_text())
+    assert marker["lora"]["rank"] == 8 and marker["base_model"] == tiny_model_path
+    from safetensors.torch import load_file
+
+    saved = weights(engine)
+    on_disk = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    assert max_weight_diff(on_disk, saved) == 0.0
+    config = json.loads((path / "adapter" / "adapter_config.json").read_text())
+    assert config == engine.adapter_config()
+
+    def two_steps() -> list[float]:
+        seen = []
+        for i in range(2):
+            seen.append(engine.fwd_bwd(make_batch(10 + i), "cross_entropy")["loss"])
+            seen.append(engine.step()["grad_norm"])
+        return seen
+
+    straight = two_steps()
+    assert max_weight_diff(weights(engine), saved) > 0
+    assert engine.load_checkpoint(str(root)) == STEPS
+    assert max_weight_diff(weights(engine), saved) == 0.0
+    resumed = two_steps()
+    print("after save vs after load:", straight, resumed)
+    assert resumed == pytest.approx(straight, abs=1e-6, rel=0)
+    # A new job on the same root resumes the newest checkpoint: the base plus the adapter.
+    engine.load_checkpoint(str(path))
+    again = lora_engine(tiny_model_path, checkpoint_path=str(root))
+    try:
+        assert again.global_step == STEPS
+        assert max_weight_diff(weights(again), saved) == 0.0
+        assert again.weight_norm() == pytest.approx(engine.weight_norm(), rel=1e-12)
+    finally:
+        again.close()
+
+
+def test_lora_and_full_checkpoints_refuse_the_other_mode(
+    engine: Any, root: Path, tiny_model_path: str, tmp_path: Path
+) -> None:
+    with pytest.raises(CheckpointError, match="is a LoRA checkpoint"):
+        make_engine(tiny_model_path, checkpoint_path=str(root))
+    full = make_engine(tiny_model_path, checkpoint_path=str(tmp_path))
+    try:
+        full_path = full.save_checkpoint(str(tmp_path))
+        with pytest.raises(CheckpointError, match="is a LoRA checkpoint"):
+            full.load_checkpoint(str(root))
+    finally:
+        full.close()
+    with pytest.raises(CheckpointError, match="is a full-weight checkpoint"):
+        engine.load_checkpoint(full_path)
+    with pytest.raises(CheckpointError, match=r"rank 8, alpha 16\.0"):
+        lora_engine(tiny_model_path, checkpoint_path=str(root), training={"lora": {"rank": 4}})
+
+
+def test_unknown_target_modules_are_refused_naming_the_models_layers(tiny_model_path: str) -> None:
+    lora = {**LORA, "target_modules": ["q_proj", "c_attn"]}
+    with pytest.raises(EngineConfigError, match=r"\['c_attn'\] match no linear layer") as err:
+        lora_engine(tiny_model_path, training={"lora": lora})
+    assert "'down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj'" in str(err.value)
+
+
+def test_zero3_on_two_ranks_exports_the_adapter_of_zero0(
+    tiny_model_path: str, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    spec = make_spec(tiny_model_path, str(tmp_path / "checkpoints"))
+    # AdamW's eps at 1e-4: its first steps divide each gradient by its own size, which turns
+    # last-bit differences of near-zero gradients (ZeRO-3's linear backward sums in another
+    # order) into lr-sized ones; with eps 1e-8 one element of a k_proj lora_B moved 3e-5
+    # after a single step. The export itself is what this test checks.
+    optimizer = {"lr": 1e-2, "eps": 1e-4}
+    spec.update(stages=[0, 3], steps=STEPS, training={"optimizer": optimizer, "lora": LORA})
+    ranks = run_world(spec, tmp_path)
+    exported = {
+        (rank, stage): load_file(str(tmp_path / f"rank{rank}.json.zero{stage}.safetensors"))
+        for rank in (0, 1)
+        for stage in (0, 3)
+    }
+    for stage in ("0", "3"):
+        r0, r1 = ranks[0][stage], ranks[1][stage]
+        assert r0["warnings"] == [] and r1["warnings"] == []  # peft's invalid-shape warning
+        assert r0["losses"] == r1["losses"] and r0["lora_info"]["tensors"] == 30
+        assert max_weight_diff(exported[0, int(stage)], exported[1, int(stage)]) == 0.0
+        saved = load_file(str(Path(r0["checkpoint"]) / "adapter" / "adapter_model.safetensors"))
+        assert max_weight_diff(saved, exported[0, int(stage)]) == 0.0
+    assert all(r["3"]["local_lora_numel"] <= 39_240 / 2 + 64 for r in ranks)  # sharded
+    sharded = max_weight_diff(exported[0, 3], exported[0, 0])
+    print(f"adapter after {STEPS} steps, 2 ranks, ZeRO-3 vs ZeRO-0: max |diff| = {sharded:.2e}")
+    assert sharded <= 1e-6
+    # One process on the whole batch (each rank above trained on rows rank::2).
+    single = lora_engine(tiny_model_path, training={"optimizer": optimizer})
+    try:
+        ce = {k: spec["batch"][k] for k in ("input_ids", "loss_mask")}
+        losses = []
+        for _ in range(STEPS):
+            losses.append(single.fwd_bwd(ce, "cross_entropy")["loss"])
+            single.step()
+        reference = weights(single)
+    finally:
+        single.close()
+    whole = max_weight_diff(exported[0, 3], reference)
+    print(f"2-rank ZeRO-3 vs 1-process ZeRO-0 adapter: max |diff| = {whole:.2e}")
+    assert ranks[0]["3"]["losses"] == pytest.approx(losses, rel=1e-5)
+    assert whole <= 1e-6
