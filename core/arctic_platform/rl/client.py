@@ -30,6 +30,12 @@ def _gpus(config: ArcticRLClientConfig, job_type: str) -> int:
     return int(getattr(config, f"{job_type}_gpus"))
 
 
+def _adapter_fields(adapter: str | None, version: int | None) -> dict[str, Any]:
+    """The ``adapter``/``adapter_version`` request fields that are set."""
+    fields = {"adapter": adapter, "adapter_version": version}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _memory_call(
     operation: str, job_type: str, doc: str
 ) -> Callable[[ArcticRLClient], dict[str, Any]]:
@@ -277,32 +283,69 @@ class ArcticRLClient:
     # --- inference ----------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
+        self,
+        prompts: list[str] | list[list[int]],
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        adapter: str | None = None,
+        adapter_version: int | None = None,
     ) -> dict[str, Any]:
-        """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions), ``weight_version``."""
-        params = sampling_params or {}
-        return dict(self._call_job("generate", "sampling", prompts=prompts, sampling_params=params))
+        """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions), ``weight_version``.
 
-    def log_probs(
-        self, prompts: list[list[int]], completions: list[list[int]], top_k: int = 1
-    ) -> dict[str, Any]:
-        """Per completion token log-probs (and top-k) from the log-prob job."""
+        In a LoRA run (``training_config.lora``) the sampler serves ``adapter`` (default: the
+        run's adapter at its latest synced version; ``"base"``: the base model) at
+        ``adapter_version`` (default: its latest), and the answer names the ``adapter`` served.
+        """
+        params = sampling_params or {}
+        served = _adapter_fields(adapter, adapter_version)
         return dict(
             self._call_job(
-                "log_probs", "log_prob", prompts=prompts, completions=completions, top_k=top_k
+                "generate", "sampling", prompts=prompts, sampling_params=params, **served
             )
         )
 
-    def sync_weights(self, strategy: str = "drain") -> dict[str, Any]:
+    def log_probs(
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        top_k: int = 1,
+        *,
+        adapter: str | None = None,
+        adapter_version: int | None = None,
+    ) -> dict[str, Any]:
+        """Per completion token log-probs (and top-k) from the log-prob job.
+
+        In a LoRA run they are those of ``adapter`` at ``adapter_version`` (defaults and
+        ``"base"`` as for ``generate``)."""
+        served = _adapter_fields(adapter, adapter_version)
+        return dict(
+            self._call_job(
+                "log_probs",
+                "log_prob",
+                prompts=prompts,
+                completions=completions,
+                top_k=top_k,
+                **served,
+            )
+        )
+
+    def sync_weights(
+        self, strategy: str = "drain", *, adapter: str | None = None
+    ) -> dict[str, Any]:
         """Copy the training weights into the sampling and log-prob jobs.
 
-        ``strategy``: how the targets swap while requests are in flight (``"drain"``)."""
-        payload = {
+        ``strategy``: how the targets swap while requests are in flight (``"drain"``). In a
+        LoRA run only the adapter moves, loaded as ``adapter`` (default: the run's adapter)
+        at a new version, with no drain; the answer has ``weight_version``, ``adapter`` and
+        ``bytes`` (the bytes moved)."""
+        payload: dict[str, Any] = {
             "training_job_id": self._job("training"),
             "sampling_job_ids": [j for j in [self.job_ids["sampling"]] if j is not None],
             "log_prob_job_ids": [j for j in [self.job_ids["log_prob"]] if j is not None],
             "strategy": strategy,
         }
+        if adapter is not None:
+            payload["adapter"] = adapter
         return dict(self.transport.call("sync_weights", payload))
 
     def weight_norm(self) -> dict[str, float]:
@@ -346,13 +389,16 @@ class ArcticRLClient:
     def restart_job(self, job_type: str, *, sync_weights: bool = True) -> dict[str, Any]:
         """Start a failed job again with the same id and wait until it runs.
 
-        Training comes back from its latest checkpoint. A sampling or log-prob job then gets
-        the training job's current weights (``sync_weights``) when this client has a running
-        training job. Returns the job's view.
+        Training comes back from its latest checkpoint, and the server syncs its restored
+        weights into the jobs it last synced into; this waits for that too. A sampling or
+        log-prob job then gets the training job's current weights (``sync_weights``) when
+        this client has a running training job. Returns the job's view.
         """
         job_id = self._job(job_type)
         self.transport.call("restart_job", {"job_id": job_id})
         self._wait_running(job_type, job_id)
+        if job_type == "training":
+            self._wait_resynced(job_id)
         trainer = self.job_ids.get("training")
         if sync_weights and job_type != "training" and trainer is not None:
             if self.transport.call("get_job", {"job_id": trainer})["state"] == "running":
@@ -361,6 +407,18 @@ class ArcticRLClient:
                     {"training_job_id": trainer, f"{job_type}_job_ids": [job_id]},
                 )
         return self.job_info(job_type)
+
+    def _wait_resynced(self, job_id: int) -> None:
+        """Wait until restarted training job ``job_id`` has no pending resync (the server
+        sends its restored weights to the jobs it last synced into)."""
+        deadline = time.monotonic() + self.config.job_ready_timeout
+        while self.transport.call("get_job", {"job_id": job_id}).get("resync_pending"):
+            if time.monotonic() > deadline:
+                raise JobError(
+                    f"training job {job_id} still had a resync pending after "
+                    f"job_ready_timeout={self.config.job_ready_timeout}s"
+                )
+            time.sleep(min(1.0, self.config.health_check_interval))
 
     # --- state and teardown -------------------------------------------------------------
 

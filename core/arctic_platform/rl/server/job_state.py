@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from arctic_platform.rl.config import DEFAULT_ADAPTER
 from arctic_platform.rl.server.job_table import JobRecord, RequestIdRecord
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,19 @@ _RECORD_AS_IS = (
     "weight_version",
     "weights_from",
     "synced_from",
+    "synced_adapter",
+    "adapter_versions",
     "global_step",
     "restarts",
     "created_at",
     "updated_at",
 )
 """The fields a ``Job`` and its ``JobRecord`` share as they are (the others are converted)."""
+
+
+def _copied(value: Any) -> Any:
+    """``value``, with a dict field copied (a record never shares one with its job)."""
+    return dict(value) if isinstance(value, dict) else value
 
 
 @dataclass
@@ -79,6 +87,12 @@ class Job:
     global_step: int = 0
     weights_from: str | None = None
     synced_from: int | None = None
+    synced_adapter: str | None = None
+    """The adapter name the last sync from ``synced_from`` loaded (None: a full-weight sync)."""
+    adapter_versions: dict[str, int] = field(default_factory=dict)
+    """LoRA jobs: per adapter name, the latest version synced in (versions never go back)."""
+    resync_pending: list[int] = field(default_factory=list)
+    """A restarted training job: the jobs still waiting for its restored weights."""
     restarts: int = 0
     request_ids: list[RequestIdRecord] = field(default_factory=list, repr=False)
     launch_overrides: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -95,6 +109,12 @@ class Job:
     def node_names(self) -> str:
         """The addresses of this job's worker nodes, for messages."""
         return ", ".join(sorted({str(n.get("address")) for n in self.nodes})) or "unknown"
+
+    def adapter_version(self, adapter: str) -> int:
+        """The latest version of ``adapter`` synced into this job (0: none yet); the default
+        adapter's is the job's ``weight_version``, which a restart also moves on."""
+        latest = self.adapter_versions.get(adapter, 0)
+        return max(latest, self.weight_version) if adapter == DEFAULT_ADAPTER else latest
 
     def set_state(self, state: JobState, reason: str | None = None) -> None:
         """Move to ``state`` (terminal states are final) and record it in the job table."""
@@ -121,7 +141,7 @@ class Job:
     def record(self) -> JobRecord:
         """This job as the durable job table stores it."""
         return JobRecord(
-            **{name: getattr(self, name) for name in _RECORD_AS_IS},
+            **{name: _copied(getattr(self, name)) for name in _RECORD_AS_IS},
             config=self.config,
             state=self.state.value,
             checkpoints=dict(self.checkpoints),
@@ -132,7 +152,7 @@ class Job:
     def from_record(cls, record: JobRecord) -> Job:
         """A job object for ``record`` (no workers yet)."""
         return cls(
-            **{name: getattr(record, name) for name in _RECORD_AS_IS},
+            **{name: _copied(getattr(record, name)) for name in _RECORD_AS_IS},
             config=dict(record.config),
             state=JobState(record.state),
             checkpoints=dict(record.checkpoints),
@@ -163,6 +183,8 @@ class Job:
             "worker_nodes": [dict(n) for n in self.nodes],
             "weight_version": self.weight_version,
             "weights_from": self.weights_from,
+            "adapter_versions": dict(self.adapter_versions),
+            "resync_pending": list(self.resync_pending),
             "global_step": self.global_step,
             "restarts": self.restarts,
             "model_name": self.config.get("model_name"),

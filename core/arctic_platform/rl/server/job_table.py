@@ -55,6 +55,8 @@ class JobRecord(BaseModel):
     weight_version: int = Field(default=0, ge=0)
     weights_from: str | None = None
     synced_from: int | None = None
+    synced_adapter: str | None = None
+    adapter_versions: dict[str, int] = Field(default_factory=dict)
     global_step: int = Field(default=0, ge=0)
     restarts: int = Field(default=0, ge=0)
     request_ids: list[RequestIdRecord] = Field(default_factory=list)

@@ -41,7 +41,7 @@ from arctic_platform.rl.server.ledger import (
     replay_request,
     roll_back_requests,
 )
-from arctic_platform.rl.server.weight_sync_ops import WeightSyncOps
+from arctic_platform.rl.server.weight_sync_ops import WeightSyncOps, served_weights
 from arctic_platform.rl.wire import describe_errors
 from arctic_platform.rl.wire.operations import BY_NAME
 
@@ -244,13 +244,17 @@ class RLServer:
     def restart_job(self, request: wire.JobRequest) -> dict[str, Any]:
         """Start a failed job again with the same id; returns at once (poll ``get_job``).
 
-        Training comes back from its latest checkpoint; sampling and log-prob from the newest
-        weights they can load (``weights_from`` says which); ``sync_weights`` brings them the
-        trainer's current weights.
+        Training comes back from its latest checkpoint, and once it runs the jobs it last
+        synced into get its restored weights as a new weight version (``resync_pending``
+        lists them until then; ``weights_from`` says what happened). Sampling and log-prob
+        come back on the newest weights they can load (``weights_from`` says which);
+        ``sync_weights`` brings them the trainer's current weights.
         """
         job = self.jobs.restart(request.job_id)
         # weight-sync pair worlds kept between syncs were built with the old workers
         self.weight_sync.forget()
+        if job.job_type == "training":
+            self.weight_sync.resync_after_restart(job)
         return job.describe()
 
     def shutdown(self, _: wire.EmptyRequest | None = None) -> dict[str, Any]:
@@ -447,11 +451,19 @@ class RLServer:
 
     # --- inference ----------------------------------------------------------------------
 
-    def _spread(self, job: Job, method: str, items: list[Any], make_args: Any) -> list[Any]:
-        """Split ``items`` over the job's replicas, call them in parallel, rejoin in order."""
+    def _spread(
+        self,
+        job: Job,
+        method: str,
+        items: list[Any],
+        make_args: Any,
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Split ``items`` over the job's replicas, call them in parallel (each with the same
+        ``kwargs``), rejoin in order."""
         ranges = _split(items, len(job.workers))
         refs = [
-            job.workers[i].call.remote(method, *make_args(items[a:b]))
+            job.workers[i].call.remote(method, *make_args(items[a:b]), **(kwargs or {}))
             for i, (a, b) in enumerate(ranges)
         ]
         out: list[Any] = []
@@ -462,14 +474,18 @@ class RLServer:
     def generate(self, request: wire.GenerateRequest) -> dict[str, Any]:
         """Rollouts spread over the sampling replicas; reports the served weight version."""
         job = self.jobs.running(request.job_id, "sampling")
+        served = self._served(job, request)
         params = dict(request.sampling_params)
         prompts = list(request.prompts)
-        outputs = self._spread(job, "generate", prompts, lambda part: (part, params))
-        return {"outputs": outputs, "weight_version": job.weight_version}
+        outputs = self._spread(
+            job, "generate", prompts, lambda part: (part, params), request.adapter_kwargs()
+        )
+        return {"outputs": outputs, **served}
 
     def log_probs(self, request: wire.LogProbsRequest) -> dict[str, Any]:
         """Log-probs of completions from the log-prob job's replicas."""
         job = self.jobs.running(request.job_id, "log_prob")
+        served = self._served(job, request)
         if len(request.prompts) != len(request.completions):
             raise InvalidRequestError(
                 f"{len(request.prompts)} prompts but {len(request.completions)} completions"
@@ -480,8 +496,16 @@ class RLServer:
             "log_probs",
             pairs,
             lambda part: ([p for p, _ in part], [c for _, c in part], request.top_k),
+            request.adapter_kwargs(),
         )
-        return {"outputs": outputs, "weight_version": job.weight_version}
+        return {"outputs": outputs, **served}
+
+    @staticmethod
+    def _served(job: Job, request: wire.AdapterRequest) -> dict[str, Any]:
+        """The weights a generate or log_probs request is answered with: ``weight_version``
+        (of the adapter in a LoRA job) and, in a LoRA job, ``adapter``. An adapter asked of a
+        job that is not in LoRA mode is refused."""
+        return served_weights(job, request.adapter, request.adapter_version)
 
     def reset_prefix_cache(self, request: wire.JobRequest) -> dict[str, Any]:
         """Drop cached prefixes on every replica of a sampling or log-prob job."""

@@ -11,6 +11,9 @@ import threading
 import time
 from typing import Any
 
+ADAPTER_METHODS = ("adapters", "remove_adapter")
+"""What a LoRA sampling or log-prob engine lists and drops; adapters load by weight sync."""
+
 ALLOWED_METHODS: dict[str, frozenset[str]] = {
     "training": frozenset(
         {
@@ -23,11 +26,22 @@ ALLOWED_METHODS: dict[str, frozenset[str]] = {
             "sleep",
             "wake",
             "empty_cache",
+            "lora_info",
         }
     ),
-    "sampling": frozenset({"generate", "reset_prefix_cache", "weight_norm", "sleep", "wake"}),
+    "sampling": frozenset(
+        {"generate", "reset_prefix_cache", "weight_norm", "sleep", "wake", *ADAPTER_METHODS}
+    ),
     "log_prob": frozenset(
-        {"log_probs", "fwd_no_grad", "weight_norm", "sleep", "wake", "reset_prefix_cache"}
+        {
+            "log_probs",
+            "fwd_no_grad",
+            "weight_norm",
+            "sleep",
+            "wake",
+            "reset_prefix_cache",
+            *ADAPTER_METHODS,
+        }
     ),
 }
 
@@ -195,6 +209,8 @@ class EngineWorker:
         strategy: str = "drain",
         sender_addresses: dict[int, str] | None = None,
         secret: str | None = None,
+        adapter: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Receive all weights (from the sender ranks at ``sender_addresses``), then swap them
         in by ``strategy``.
@@ -202,7 +218,9 @@ class EngineWorker:
         An engine with ``swap_weights`` (the vLLM sampling engine) swaps between two of its
         steps: ``drain`` after the running requests finish, ``hotswap`` with them running.
         Any other engine swaps under the worker's lock, between two calls (no call of those
-        engines spans a swap, so both strategies mean the same there).
+        engines spans a swap, so both strategies mean the same there). With ``adapter`` (a
+        LoRA sync; ``lora`` = the trainer's rank and target modules) only adapter tensors
+        arrive, and the engine's ``load_adapter`` loads them as ``adapter`` at ``version``.
         """
         from arctic_platform.rl.config import WeightSyncConfig
         from arctic_platform.rl.weight_sync.coordinator import WeightSyncCoordinator
@@ -222,9 +240,12 @@ class EngineWorker:
         )
         # full checkpoint tensors: vLLM's weight loaders cut their own tensor-parallel shards;
         # they are views into kept buffers, valid until the next sync (load_weights copies)
-        received, report = coordinator.receive(replica, 0, expected=self._expected_weights())
+        expected = self._expected_weights(lora)
+        received, report = coordinator.receive(replica, 0, expected=expected)
         swap = getattr(self.engine, "swap_weights", None)
-        if swap is not None:
+        if adapter is not None:
+            swapped = self._engine_call("load_adapter", adapter, version, received)
+        elif swap is not None:
             swapped = swap(received, strategy=strategy, version=version)
         else:
             with self._lock:  # waits for the call in flight, then swaps
@@ -243,16 +264,34 @@ class EngineWorker:
             self._sync_buffers = BufferCache()
         return self._sync_channels, self._sync_buffers
 
-    def _expected_weights(self) -> Any:
-        """Names and shapes the receiver checks a plan against: the model's checkpoint."""
+    def accepts_adapters(self) -> bool:
+        """Whether the engine loads LoRA adapters (has ``load_adapter``): a LoRA sync's check."""
+        return callable(getattr(self.engine, "load_adapter", None))
+
+    def _engine_call(self, method: str, *args: Any) -> Any:
+        """``engine.<method>(*args)``: alone under the worker's lock, unless the engine
+        serialises that method itself (``concurrent_methods``)."""
+        if method in getattr(self.engine, "concurrent_methods", ()):
+            return getattr(self.engine, method)(*args)
+        with self._lock:
+            return getattr(self.engine, method)(*args)
+
+    def _expected_weights(self, lora: dict[str, Any] | None = None) -> Any:
+        """Names and shapes the receiver checks a plan against: the model's checkpoint, or
+        with ``lora`` (rank, target_modules) the adapter tensors of its targeted layers."""
         from pathlib import Path
 
+        from arctic_platform.rl.weight_sync.adapters import expected_adapter
         from arctic_platform.rl.weight_sync.buckets import expected_from_checkpoint
 
+        model = Path(str(self.config_data.get("model_name", "")))
         if not hasattr(self, "_expected"):
-            model = Path(str(self.config_data.get("model_name", "")))
             self._expected = expected_from_checkpoint(model) if model.is_dir() else None
-        return self._expected
+        if lora is None or self._expected is None:
+            return self._expected
+        return expected_adapter(
+            self._expected, int(lora["rank"]), lora["target_modules"], model_dir=model
+        )
 
     def close(self) -> None:
         """Free the engine before the actor is killed."""

@@ -147,14 +147,54 @@ class LoadCheckpointRequest(JobRequest):
     step: int | None = Field(default=None, ge=0)
 
 
-class GenerateRequest(JobRequest):
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+"""An adapter name: letters, digits, ``_``, ``-`` and ``.`` (not first); ``base`` = no adapter."""
+
+
+def _adapter_field(what: str) -> Any:
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=ADAPTER_NAME_PATTERN,
+        description=what,
+    )
+
+
+def _adapter_version_field() -> Any:
+    return Field(
+        default=None,
+        ge=0,
+        description="The adapter version to serve (default: its latest); needs a LoRA job.",
+    )
+
+
+_SERVE_ADAPTER = (
+    "A LoRA job's adapter to serve ('base': the base model without any adapter; default: "
+    "the job's default adapter at its latest version, or the base before any adapter sync)."
+)
+
+
+class AdapterRequest(JobRequest):
+    """An operation on a job that may serve a LoRA adapter (``adapter`` at ``adapter_version``)."""
+
+    adapter: str | None = _adapter_field(_SERVE_ADAPTER)
+    adapter_version: int | None = _adapter_version_field()
+
+    def adapter_kwargs(self) -> dict[str, Any]:
+        """``adapter``/``adapter_version`` as engine keywords, only those set."""
+        named = {"adapter": self.adapter, "adapter_version": self.adapter_version}
+        return {k: v for k, v in named.items() if v is not None}
+
+
+class GenerateRequest(AdapterRequest):
     """Sample completions for ``prompts`` (strings or token-id lists)."""
 
     prompts: list[str] | list[list[int]] = Field(min_length=1)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
 
 
-class LogProbsRequest(JobRequest):
+class LogProbsRequest(AdapterRequest):
     """Log-probs of ``completions`` given ``prompts`` (token ids), with ``top_k`` alternatives."""
 
     prompts: list[list[int]] = Field(min_length=1)
@@ -183,6 +223,10 @@ class SyncWeightsRequest(_Request):
         "(finish in-flight requests first) or 'hotswap' (swap between decode steps; "
         "a completion then reports the weight versions it saw).",
     )
+    adapter: str | None = _adapter_field(
+        "LoRA jobs only: the adapter name the targets load the trainer's adapter under "
+        "(default: the default adapter); its version goes up by one."
+    )
 
     _distinct_ids = field_validator("sampling_job_ids", "log_prob_job_ids")(_distinct)
 
@@ -206,9 +250,11 @@ class EmptyRequest(_Request):
 
 
 __all__ = [
+    "ADAPTER_NAME_PATTERN",
     "CHECKPOINT_TAG_PATTERN",
     "JOB_TYPES",
     "MAX_JOB_IDS",
+    "AdapterRequest",
     "BatchField",
     "EmptyRequest",
     "FwdBwdRequest",
