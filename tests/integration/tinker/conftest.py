@@ -95,7 +95,8 @@ def service(tinker_server: TinkerServer) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def training(service: object, tinker_server: TinkerServer) -> object:
-    """One training client (full fine-tuning of the tiny model) shared by a module's tests."""
+    """One training client (a rank-8 LoRA adapter on the tiny model, or its full weights when
+    the server runs with ARCTIC_RL_TINKER_FULL_FINE_TUNING=1) shared by a module's tests."""
     return service.create_lora_training_client(  # type: ignore[attr-defined]
         base_model=tinker_server.model, rank=8
     ).result(timeout=900)

@@ -3,7 +3,8 @@
 ``python -m tinker_cookbook.recipes.math_rl.train env=arithmetic`` runs as a user would run
 it (TINKER_BASE_URL / TINKER_API_KEY), on the tiny local model with the generic
 ``role_colon`` renderer (the recipe cannot guess a renderer for a local path), for a few
-steps; it must exit 0 and log every step's metrics.
+steps; it must exit 0 and log every step's metrics. The recipe asks for ``lora_rank=8``: the
+server trains a LoRA adapter, so the final ``save_state`` on the server is adapter-sized.
 """
 
 from __future__ import annotations
@@ -11,12 +12,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3
+ADAPTER_STATE_BYTES = 2 * 1024 * 1024
+"""A LoRA save_state of the tiny model (rank 8: 39,240 params with Adam's moments) is far
+below this; a full one holds 437,120 params of weights plus moments and an HF export."""
+
+
+def _state_dirs(tinker_server, log_path: Path) -> list[Path]:
+    """The server's checkpoint directories of the recipe's save_state paths."""
+    records = [
+        json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()
+    ]
+    labels = {r["state_path"].rsplit("/", 1)[-1] for r in records if r.get("state_path")}
+    root = tinker_server.log.parent / "server" / "checkpoints"
+    return [d for label in labels for d in root.glob(f"job_*/{label}") if d.is_dir()]
 
 
 def test_cookbook_arithmetic_rl_recipe_runs_and_logs_each_step(tinker_server, tmp_path):
@@ -51,3 +66,9 @@ def test_cookbook_arithmetic_rl_recipe_runs_and_logs_each_step(tinker_server, tm
     assert len(trained) >= STEPS, "each step trains on the trainer's log-probs"
     # the trainer's forward_backward log-probs against the sampler's, as the recipe measures
     assert all(abs(m["optim/kl_sample_train_v1"]) < 1e-2 for m in trained), trained
+    states = _state_dirs(tinker_server, log_path)
+    assert states, "the recipe saves its final state"
+    for state in states:
+        size = sum(f.stat().st_size for f in state.rglob("*") if f.is_file())
+        print(f"save_state {state.name}: {size} bytes")
+        assert size < ADAPTER_STATE_BYTES, (state, size)

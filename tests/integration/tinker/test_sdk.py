@@ -1,8 +1,11 @@
 """The real ``tinker`` SDK against ``arctic-rl serve --transport tinker`` (tiny model, CPU).
 
-In file order: step-0 log-probs of trainer and sampler agree, a supervised cross-entropy
-loop lowers its loss, AdamParams and checkpoints round-trip, and bad input is a 4xx in the
-SDK's error shape with the server and the model's jobs still serving.
+The model is a rank-8 LoRA adapter. In file order: get_info says so, step-0 log-probs of
+trainer and sampler agree, a supervised cross-entropy loop lowers its loss, save_state ->
+more steps -> load_state(_with_optimizer) restores what was saved, the sampler on a new path
+matches the trainer and not the base, an older path keeps its version, and bad input (LoRA
+settings and base models included) is a 4xx in the SDK's error shape with the server and the
+model's jobs still serving.
 """
 
 from __future__ import annotations
