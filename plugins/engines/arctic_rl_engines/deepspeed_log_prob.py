@@ -3,7 +3,8 @@
 Configured by ``log_prob_ds_config``: our keys ``dtype``, ``max_tokens_per_mb`` and
 ``attn_impl``, the rest a DeepSpeed config (ZeRO-3 shards the weights over the job's ranks;
 stages 0-2 keep a plain replica). The forward path is the training engine's own
-(``arctic_rl_engines.logprobs``).
+(``arctic_rl_engines.logprobs``). In LoRA mode (``training_config.lora``) the base is wrapped
+by peft like the trainer's and weight loads carry the adapter only.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from arctic_platform.rl.api import (
     InvalidRequestError,
     LogProbEngine,
 )
-from arctic_rl_engines import ds_checkpoint, ds_env, ds_model
+from arctic_rl_engines import ds_checkpoint, ds_env, ds_lora, ds_model
 from arctic_rl_engines.ds_config import forward_setup
 from arctic_rl_engines.logprobs import rows_log_probs
 
@@ -45,7 +46,13 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         self._device = ds_env.device()
         self.setup = forward_setup(config.log_prob_ds_config, on_cpu=ds_env.on_cpu())
         transformers.set_seed(config.seed)
-        _, source = ds_checkpoint.start_point(config.checkpoint_path, config.model_name)
+        resume, source = ds_checkpoint.start_point(config.checkpoint_path, config.model_name)
+        self._lora = lora = ds_lora.lora_of(config)
+        if resume is not None:
+            meta = ds_checkpoint.read_marker(resume)
+            ds_lora.check_mode(meta, lora, resume)
+            if lora is not None:  # the run's base; its adapter is loaded below
+                source = ds_checkpoint.base_source(meta, config.model_name)
         self._model = ds_model.ForwardModel(
             source,
             ds_config=self.setup.ds_config,
@@ -53,8 +60,11 @@ class DeepSpeedLogProbEngine(LogProbEngine):
             zero_stage=3 if self.setup.zero_stage == 3 else 0,
             attn_impl=self.setup.attn_impl,
             device=self._device,
+            prepare=None if lora is None else lambda m: ds_lora.wrap(m, lora, config.seed),
         )
         self._vocab, self._max_len, self._pad_id = ds_model.model_limits(self._model.config)
+        if lora is not None and resume is not None:
+            self.load_weights(ds_lora.load_adapter(resume / ds_lora.ADAPTER_DIR).items())
 
     def batch_limits(self) -> BatchLimits:
         """The model's vocabulary and context: what a batch must keep."""
@@ -126,11 +136,22 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         return [r.log_probs for r in self._run(clean.rows("input_ids"))]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy weights (Hugging Face names) into the model in place; collective under ZeRO-3."""
-        ds_model.load_weights(self._model.module, weights)
+        """Copy weights (Hugging Face names) into the model in place; collective under ZeRO-3.
+
+        In LoRA mode: exactly the adapter's tensors (peft export names); anything else, or
+        adapter tensors in full mode, is an ``InvalidRequestError`` and nothing is loaded.
+        """
+        module = self._model.module
+        if self._lora is not None:
+            ds_model.load_weights(module, ds_lora.checked_adapter(module, weights))
+        else:
+            ds_model.load_weights(module, ds_lora.refuse_adapter(weights))
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """Full CPU tensors under Hugging Face names (collective under ZeRO-3)."""
+        """Full CPU tensors under Hugging Face names (collective under ZeRO-3); in LoRA mode
+        only the adapter's, under peft's export names."""
+        if self._lora is not None:
+            return iter(ds_lora.export(self._model.module).items())
         return ds_model.full_weights(self._model.module)
 
     def weight_norm(self) -> float:

@@ -89,9 +89,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if resume is not None:
             meta = ds_checkpoint.read_marker(resume)
             ds_lora.check_mode(meta, self._lora, resume)
-            saved = meta.get("reference_source")
-            usable = saved and (Path(saved).exists() or not Path(saved).is_absolute())
-            self._reference_source = saved if usable else config.model_name
+            self._reference_source = ds_checkpoint.base_source(meta, config.model_name)
             if self._lora is not None:  # no hf/ export: the base is loaded again
                 source = self._reference_source
         module = ds_model.load_causal_lm(

@@ -169,6 +169,14 @@ def start_point(checkpoint_path: str | None, model_name: str) -> tuple[Path | No
     return None, model_name
 
 
+def base_source(meta: dict[str, Any], model_name: str) -> str:
+    """The run's initial weights a checkpoint's marker names (its KL reference, and the base
+    of a LoRA run), or ``model_name`` when that path no longer exists."""
+    saved = meta.get("reference_source")
+    usable = saved and (Path(saved).exists() or not Path(saved).is_absolute())
+    return str(saved) if usable else model_name
+
+
 def hf_dir(checkpoint: Path) -> Path:
     """The Hugging Face export inside a checkpoint."""
     return checkpoint / HF_EXPORT_DIR

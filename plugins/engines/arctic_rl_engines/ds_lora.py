@@ -14,7 +14,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import CheckpointError, EngineConfigError, LoraConfig
+from arctic_platform.rl.api import (
+    CheckpointError,
+    EngineConfigError,
+    InvalidRequestError,
+    LoraConfig,
+)
 from arctic_rl_engines.ds_model import is_zero3_param
 from arctic_rl_engines.lora_format import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config_dict
 
@@ -97,6 +102,52 @@ def export(module: Any) -> dict[str, torch.Tensor]:
         return {name: t.detach().cpu().clone() for name, t in state.items()}
 
 
+def param_name(export_name: str, adapter: str = "default") -> str:
+    """The parameter an exported adapter tensor belongs to (peft's adapter name put back)."""
+    head, _, kind = export_name.rpartition(".lora_")
+    return f"{head}.lora_{kind[:1]}.{adapter}{kind[1:]}"
+
+
+def checked_adapter(
+    module: Any, weights: Iterable[tuple[str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
+    """``weights`` as ``(parameter name, tensor)`` pairs once they are checked to be exactly
+    this adapter's tensors (no base weight, none missing)."""
+    from arctic_rl_engines.lora_names import is_lora_tensor
+
+    items = list(weights)
+    full = [name for name, _ in items if not is_lora_tensor(name)]
+    if full:
+        raise InvalidRequestError(
+            f"a full-weight sync into a LoRA job: {len(full)} tensor(s) are not adapter "
+            f"tensors (e.g. {full[:3]}); the base is frozen, sync the adapter only"
+        )
+    pairs = [(param_name(name), t) for name, t in items]
+    missing = {n for n, _ in lora_parameters(module)} - {n for n, _ in pairs}
+    if missing:
+        raise InvalidRequestError(
+            f"an adapter sync must carry the whole adapter: {len(missing)} of its tensors are "
+            f"missing (e.g. {sorted(missing)[:2]})"
+        )
+    return pairs
+
+
+def refuse_adapter(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> list[tuple[str, torch.Tensor]]:
+    """``weights`` as a list once none is an adapter tensor (a full-weight job's check)."""
+    from arctic_rl_engines.lora_names import is_lora_tensor
+
+    items = list(weights)
+    adapter = [name for name, _ in items if is_lora_tensor(name)]
+    if adapter:
+        raise InvalidRequestError(
+            f"adapter tensors (e.g. {adapter[:2]}) sent to a job that serves full weights; "
+            "set training_config.lora on the job to serve adapters"
+        )
+    return items
+
+
 def info(lora: LoraConfig, module: Any, dtype: str) -> dict[str, Any]:
     """``lora_info()``: rank, alpha, targets, and the adapter's tensor, parameter and byte counts
     (``dtype``: the training dtype's name); no collective."""
@@ -131,6 +182,16 @@ def save_adapter(
         metadata={"format": "pt"},
     )
     return directory
+
+
+def load_adapter(directory: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a PEFT adapter directory (export names)."""
+    from safetensors.torch import load_file
+
+    path = directory / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"{directory} holds no {ADAPTER_WEIGHTS}")
+    return load_file(str(path))
 
 
 def marker_fields(lora: LoraConfig | None, base_model: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ full tensors under Hugging Face names.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,10 +169,14 @@ class ForwardModel:
         zero_stage: int,
         attn_impl: str | None,
         device: Any,
+        prepare: Callable[[Any], Any] | None = None,
     ) -> None:
+        """``prepare`` (e.g. peft wrapping) gets the loaded module before DeepSpeed does."""
         import deepspeed
 
         module = load_causal_lm(path, dtype=dtype, attn_impl=attn_impl)
+        if prepare is not None:
+            module = prepare(module)
         module.requires_grad_(False)
         module.eval()
         self.module = module

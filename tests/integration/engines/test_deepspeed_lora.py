@@ -187,6 +187,57 @@ def test_lora_and_full_checkpoints_refuse_the_other_mode(
         lora_engine(tiny_model_path, checkpoint_path=str(root), training={"lora": {"rank": 4}})
 
 
+def log_prob_engine(model_path: str, lora: bool = True, **options: Any) -> Any:
+    """The ``deepspeed`` log-prob engine, in LoRA mode unless ``lora`` is False."""
+    from engine_build import registry_engine
+
+    from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
+
+    config = ArcticRLClientConfig(
+        model_name=model_path,
+        log_prob_gpus=1,
+        log_prob_engine="deepspeed",
+        training_config=TrainingConfig.model_validate(TRAINING if lora else {}),
+        **options,
+    )
+    return registry_engine("deepspeed", "log_prob", config)
+
+
+def test_the_deepspeed_log_prob_job_serves_the_adapter(
+    engine: Any, root: Path, tiny_model_path: str
+) -> None:
+    from arctic_platform.rl.errors import InvalidRequestError
+
+    batch = make_batch(5)
+    trainer, base = engine.fwd_no_grad(batch), engine.fwd_no_grad(batch, reference_model=True)
+    adapter = weights(engine)
+    served = log_prob_engine(tiny_model_path)
+    try:
+        assert served.fwd_no_grad(batch) == base  # a fresh adapter is the base
+        served.load_weights(adapter.items())
+        assert max_weight_diff(weights(served), adapter) == 0.0
+        diff = max_diff(served.fwd_no_grad(batch), trainer)
+        print(f"log-prob job vs trainer with the adapter: max |diff| = {diff:.1e}")
+        assert diff <= 1e-6
+        embed = ("model.embed_tokens.weight", torch.zeros(425, 128))
+        with pytest.raises(InvalidRequestError, match="full-weight sync into a LoRA job"):
+            served.load_weights([embed, *adapter.items()])
+        with pytest.raises(InvalidRequestError, match="26 of its tensors are missing"):
+            served.load_weights(list(adapter.items())[:4])
+        assert max_weight_diff(weights(served), adapter) == 0.0  # nothing was loaded
+    finally:
+        served.close()
+    resumed = log_prob_engine(tiny_model_path, checkpoint_path=str(root))
+    full = log_prob_engine(tiny_model_path, lora=False)
+    try:
+        assert max_diff(resumed.fwd_no_grad(batch), trainer) <= 1e-6
+        with pytest.raises(InvalidRequestError, match="serves full weights"):
+            full.load_weights(adapter.items())
+    finally:
+        resumed.close()
+        full.close()
+
+
 def test_unknown_target_modules_are_refused_naming_the_models_layers(tiny_model_path: str) -> None:
     lora = {**LORA, "target_modules": ["q_proj", "c_attn"]}
     with pytest.raises(EngineConfigError, match=r"\['c_attn'\] match no linear layer") as err:
