@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.api import (
+    DEFAULT_ADAPTER,
     Engine,
     EngineContext,
     EngineError,
     InvalidRequestError,
     MissingDependencyError,
 )
+from arctic_rl_engines.vllm_lora import LoraServing, lora_engine_kwargs, lora_of, named_tensor
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -205,7 +207,8 @@ def engine_kwargs(
 
     CPU defaults: eager mode, float32, a 1 GiB KV cache (unless ``VLLM_CPU_KVCACHE_SPACE``
     is set) and ``max_model_len`` = the model's context capped at 4096. GPU defaults:
-    sleep mode on. Everywhere: ``seed`` from the config and the Arctic worker extension.
+    sleep mode on. Everywhere: ``seed`` from the config and the Arctic worker extension;
+    in LoRA mode (``training_config.lora``) vLLM's LoRA arguments (``vllm_lora``).
     """
     overrides = dict(config.vllm_config or {})
     for key in RESERVED_KEYS:
@@ -225,6 +228,7 @@ def engine_kwargs(
         "seed": config.seed,
         "worker_extension_cls": WORKER_EXTENSION,
         "disable_log_stats": True,
+        **lora_engine_kwargs(lora_of(config)),
     }
     if cuda:
         kwargs["enable_sleep_mode"] = True
@@ -263,23 +267,12 @@ def weight_buckets(
     A block (all tensors of one layer) is never split, so q/k/v and gate/up, which vLLM fuses,
     always reach the worker in the same reload. ``bucket_bytes=None`` gives one bucket.
     """
-    import torch
 
     if isinstance(weights, Mapping):
         weights = weights.items()
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for item in weights:
-        try:
-            name, tensor = item
-        except (TypeError, ValueError):
-            raise InvalidRequestError(
-                f"load_weights expects (name, tensor) pairs, got {type(item).__name__}"
-            ) from None
-        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
-            raise InvalidRequestError(
-                f"load_weights expects (str, torch.Tensor) pairs, got "
-                f"({type(name).__name__}, {type(tensor).__name__}) for {name!r}"
-            )
+        name, tensor = named_tensor(item, "load_weights")
         group = groups.setdefault(_group_key(name), {})
         if name in group:
             raise InvalidRequestError(f"load_weights got {name!r} twice")
@@ -298,17 +291,19 @@ def weight_buckets(
     return buckets
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(LoraServing, Engine):
     """One in-place-updatable ``vllm.LLM``; the sampling and log-prob engines build on it.
 
     Built as ``factory(config, context)``. On CPU the engine runs inside this process unless
     ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` is set; weights then reach the worker as tensors,
-    otherwise as safetensors bytes in buckets of whole layers.
+    otherwise as safetensors bytes in buckets of whole layers. In LoRA mode it serves adapter
+    versions on the frozen base (``vllm_lora.LoraServing``) and full weights are refused.
     """
 
     def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
         self.config = config
         self.context = context or EngineContext(role="sampling")
+        self.lora = lora_of(config)
         self._cuda = cuda_available()
         prepare_environment(config, cuda=self._cuda)
         overrides = config.vllm_config or {}
@@ -352,6 +347,7 @@ class VLLMEngine(Engine):
         self.last_load: dict[str, Any] = {}
         self._asleep: int = 0  # sleep level, 0 when awake
         self._weights_discarded = False
+        self._lora_start(self.context.work_dir)
         logger.info(
             "vLLM engine for %s started in %.1f s (%s, max_model_len=%d)",
             config.model_name,
@@ -390,9 +386,17 @@ class VLLMEngine(Engine):
 
         Tensors go to the worker without a copy when it shares this process and
         ``bucket_bytes`` is None; otherwise as safetensors bytes, ``bucket_bytes`` (default
-        256 MiB) of whole layers per call.
+        256 MiB) of whole layers per call. LoRA mode: the default adapter's next version.
         """
+        if self.adapter_store is not None:
+            self.load_adapter(DEFAULT_ADAPTER, self._next_version(), weights)
+            return
         self._load_weights(weights, bucket_bytes)
+
+    def _next_version(self) -> int:
+        """The default adapter's next version (1 for the first)."""
+        latest = self._store("an adapter sync").latest(DEFAULT_ADAPTER)
+        return 1 if latest is None else latest + 1
 
     def _load_weights(
         self,
@@ -413,6 +417,12 @@ class VLLMEngine(Engine):
         limit = (bucket_bytes or MP_BUCKET_BYTES) if as_bytes else None
         buckets = weight_buckets(weights, limit)
         names = [name for bucket in buckets for name in bucket]
+        if self.adapter_store is not None:
+            raise InvalidRequestError(
+                "a full-weight load into a LoRA job is refused (its base model is frozen; "
+                "sync the trainer's adapter); nothing loaded"
+            )
+        self._refuse_adapter_tensors(names)
         shapes = [(n, list(t.shape)) for bucket in buckets for n, t in bucket.items()]
         problems = llm.collective_rpc("arctic_check_weights", args=(shapes,))[0]
         if problems:
@@ -452,15 +462,18 @@ class VLLMEngine(Engine):
             raise EngineError("vLLM did not reset its prefix cache (requests still running?)")
 
     def weight_norm(self) -> float:
-        """L2 norm (float64) over the checkpoint-format weights the engine serves."""
+        """L2 norm (float64) over the checkpoint-format weights the engine serves; in LoRA
+        mode the base's plus the default adapter's latest version (as a LoRA trainer counts)."""
         sums = self.llm.collective_rpc("arctic_weight_sumsq")
-        return math.sqrt(float(sums[0]))
+        entry = None if self.adapter_store is None else self.adapter_store.resolve(None, None)
+        return math.sqrt(float(sums[0]) + (entry.sumsq if entry is not None else 0.0))
 
     def served_weight_norm(self) -> dict[str, Any]:
         """L2 norm (float64) of the weights vLLM computes with, read back from the model.
 
         A check of ``weight_norm`` (which is kept from the checkpoint-format tensors loaded):
-        fused and kernel-packed weights included; exact at tensor-parallel size 1 only.
+        fused and kernel-packed weights included; exact at tensor-parallel size 1 only. In
+        LoRA mode the base is read back and the default adapter's latest version added.
         """
         llm = self.llm
         tp = int(llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
@@ -469,12 +482,22 @@ class VLLMEngine(Engine):
                 f"served_weight_norm reads one worker's tensors; tensor_parallel_size is {tp}"
             )
         report = llm.collective_rpc("arctic_served_sumsq")[0]
-        return {"norm": math.sqrt(float(report["sumsq"])), "read_back": report["read_back"]}
+        entry = None if self.adapter_store is None else self.adapter_store.resolve(None, None)
+        sumsq = float(report["sumsq"]) + (entry.sumsq if entry is not None else 0.0)
+        out = {"norm": math.sqrt(sumsq), "read_back": report["read_back"]}
+        if entry is not None:
+            out["adapter"] = entry.request.lora_name
+        return out
 
     def sleep(self, level: int = 1) -> dict[str, Any]:
         """Free device memory (level 1: offload weights, drop KV cache; 2: drop both)."""
         if isinstance(level, bool) or level not in (1, 2):
             raise InvalidRequestError(f"sleep level must be 1 or 2, got {level!r}")
+        if level == 2 and self.adapter_store is not None:
+            raise InvalidRequestError(
+                "sleep(level=2) discards the base weights, which a LoRA job cannot load again "
+                "(full-weight loads are refused there); use level 1"
+            )
         llm = self.llm
         if not self.sleep_supported:
             return {"supported": False, "reason": self._no_sleep_reason(), "level": level}
@@ -511,6 +534,7 @@ class VLLMEngine(Engine):
         if llm is None:
             return
         _OPEN_IN_PROCESS.discard(id(self))
+        self._lora_close()
         # vLLM's shutdown tears down the process-wide distributed groups: only the last
         # in-process engine may do that, or closing one engine breaks the others.
         keep = self.in_process and bool(_OPEN_IN_PROCESS)

@@ -12,6 +12,7 @@ from arctic_platform.rl.api import (
     InvalidRequestError,
     LogProbEngine,
 )
+from arctic_rl_engines.lora_names import BASE_ADAPTER
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
 from arctic_rl_engines.vllm_sampling import top_pairs
 
@@ -37,12 +38,17 @@ class VLLMLogProbEngine(VLLMEngine, LogProbEngine):
         prompts: list[list[int]] | list[str],
         completions: list[list[int]] | list[str],
         top_k: int = 1,
+        adapter: str | None = None,
+        adapter_version: int | None = None,
     ) -> list[dict[str, Any]]:
         """Per pair: ``log_probs`` (one per completion token), ``top_k`` (per token, the
-        ``top_k`` best ``[token_id, logprob]`` pairs) and ``completion_token_ids``."""
+        ``top_k`` best ``[token_id, logprob]`` pairs) and ``completion_token_ids``. LoRA jobs:
+        scored with ``adapter`` at ``adapter_version`` (default: the default adapter's
+        latest; ``"base"``: none)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        lora_request, _ = self._lora_request(adapter, adapter_version)
         if not isinstance(prompts, list | tuple) or not isinstance(completions, list | tuple):
             raise InvalidRequestError("prompts and completions must be lists")
         if len(prompts) != len(completions):
@@ -88,6 +94,7 @@ class VLLMLogProbEngine(VLLMEngine, LogProbEngine):
             [TokensPrompt(prompt_token_ids=pairs[i][0] + pairs[i][1]) for i in todo],
             params,
             use_tqdm=False,
+            lora_request=lora_request,
         )
         for i, output in zip(todo, outputs, strict=True):
             prompt, completion = pairs[i]
@@ -108,13 +115,19 @@ class VLLMLogProbEngine(VLLMEngine, LogProbEngine):
     def fwd_no_grad(
         self, batch: Batch | Mapping[str, Any], reference_model: bool = False
     ) -> list[list[float]]:
-        """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0), as a trainer gives."""
-        if reference_model:
+        """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0), as a trainer gives;
+        LoRA jobs: with the default adapter, or the base for ``reference_model``."""
+        adapter = None
+        if reference_model and self.adapter_store is not None:
+            adapter = BASE_ADAPTER  # a LoRA trainer's reference: the base, adapter disabled
+        elif reference_model:
             raise InvalidRequestError(
                 "the vllm log-prob engine serves one model; reference_model=True needs the "
                 "training engine's reference model"
             )
         clean = Batch.build(batch, limits=self.batch_limits())  # a server's Batch: as it is
         rows = [r.tolist() for r in clean.rows("input_ids")]
-        scored = self.log_probs([list(r[:1]) for r in rows], [list(r[1:]) for r in rows], top_k=0)
+        scored = self.log_probs(
+            [list(r[:1]) for r in rows], [list(r[1:]) for r in rows], top_k=0, adapter=adapter
+        )
         return [[0.0, *item["log_probs"]] for item in scored]

@@ -40,12 +40,15 @@ def op_timeout() -> float:
 
 
 class _Call:
-    """One generate call: its prompts and params, then its outputs in prompt order."""
+    """One generate call: its prompts, params and LoRA requests, then its outputs in order."""
 
-    def __init__(self, number: int, prompts: list[Any], params: list[Any]) -> None:
+    def __init__(
+        self, number: int, prompts: list[Any], params: list[Any], loras: list[Any] | None = None
+    ) -> None:
         self.number = number
         self.prompts = prompts
         self.params = params
+        self.loras = loras if loras is not None else [None] * len(prompts)
         self.request_ids = [f"{number}.{i}" for i in range(len(prompts))]
         self.outputs: dict[str, Any] = {}
         self.error: BaseException | None = None
@@ -122,15 +125,20 @@ class GenerationLoop:
 
     # --- any thread -------------------------------------------------------------------
 
-    def submit(self, prompts: list[Any], params: list[Any]) -> _Call:
-        """Queue one call (one ``SamplingParams`` per prompt); ``wait`` gives its outputs."""
+    def submit(
+        self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None
+    ) -> _Call:
+        """Queue one call (one ``SamplingParams`` and one LoRA request or None per prompt);
+        ``wait`` gives its outputs."""
         from vllm.sampling_params import RequestOutputKind
 
         for p in params:
             p.output_kind = RequestOutputKind.FINAL_ONLY
+        if loras is not None and len(loras) != len(prompts):
+            raise EngineError(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
         with self._cond:
             self._check_open()
-            call = _Call(next(self._numbers), prompts, params)
+            call = _Call(next(self._numbers), prompts, params, loras)
             self._queued.append(call)
             self.stats.calls_submitted += 1
             self._cond.notify_all()
@@ -283,10 +291,10 @@ class GenerationLoop:
                 call.fail(exc)
                 return
         try:
-            for rid, prompt, params in zip(
-                call.request_ids, call.prompts, call.params, strict=True
+            for rid, prompt, params, lora in zip(
+                call.request_ids, call.prompts, call.params, call.loras, strict=True
             ):
-                self._engine.add_request(rid, prompt, params)
+                self._engine.add_request(rid, prompt, params, lora_request=lora)
                 added.append(rid)
         except Exception as exc:
             if added:

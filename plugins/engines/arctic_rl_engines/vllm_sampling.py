@@ -9,7 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import EngineContext, InvalidRequestError, SamplingEngine
+from arctic_platform.rl.api import (
+    DEFAULT_ADAPTER,
+    EngineContext,
+    InvalidRequestError,
+    SamplingEngine,
+)
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
 from arctic_rl_engines.vllm_loop import GenerationLoop
 
@@ -207,16 +212,19 @@ def version_spans(output: Any, fallback: int) -> list[list[int]]:
     return spans or [[fallback, 0, len(output.token_ids)]]
 
 
-def completion_record(output: Any, top_k: int, version: int = 0) -> dict[str, Any]:
+def completion_record(
+    output: Any, top_k: int, version: int = 0, *, fixed: bool = False
+) -> dict[str, Any]:
     """One vLLM ``CompletionOutput`` as the wire dict (sampled-token log-probs always set).
 
     ``weight_version_start``/``_end``: the weight versions of its first and last sampled
-    token; a completion that saw a hotswap also has ``weight_version_spans``.
+    token; a completion that saw a hotswap also has ``weight_version_spans``. ``fixed``:
+    every token is of ``version`` (an adapter version, which never changes under a request).
     """
     token_ids = list(output.token_ids)
     steps = output.logprobs or []
     logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
-    spans = version_spans(output, version)
+    spans = [[version, 0, len(token_ids)]] if fixed else version_spans(output, version)
     record: dict[str, Any] = {
         "token_ids": token_ids,
         "text": output.text,
@@ -255,7 +263,17 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
     """
 
     concurrent_methods = frozenset(
-        {"generate", "reset_prefix_cache", "weight_norm", "sleep", "wake", "swap_weights"}
+        {
+            "generate",
+            "reset_prefix_cache",
+            "weight_norm",
+            "sleep",
+            "wake",
+            "swap_weights",
+            "load_adapter",
+            "remove_adapter",
+            "adapters",
+        }
     )
     """Methods a host may call from several threads at once (they go through the loop)."""
 
@@ -296,14 +314,27 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
             out.append(ids)
         return out
 
+    def _in_loop(self, function: Any, when: str = "now") -> Any:
+        return self.loop.run(function, "idle" if when == "idle" else "now")
+
+    def _requests_in_flight(self) -> int:
+        return self.loop.counts()["running_requests"]
+
     def generate(
-        self, prompts: list[str] | list[list[int]], sampling_params: dict[str, Any] | None = None
+        self,
+        prompts: list[str] | list[list[int]],
+        sampling_params: dict[str, Any] | None = None,
+        adapter: str | None = None,
+        adapter_version: int | None = None,
     ) -> list[dict[str, Any]]:
         """Per prompt: ``prompt_token_ids`` and ``n`` ``completions`` (token_ids, text,
         logprobs, finish_reason, stop_reason; ``top_logprobs`` when ``logprobs`` > 0), and
-        ``prompt_logprobs`` when asked."""
+        ``prompt_logprobs`` when asked. LoRA jobs: served by ``adapter`` at ``adapter_version``
+        (default: the default adapter's latest; ``"base"``: none), which the completions'
+        ``weight_version_*`` report."""
         from vllm.inputs import TokensPrompt
 
+        lora_request, adapter_at = self._lora_request(adapter, adapter_version)
         spec = SamplingSpec.parse(sampling_params, self.max_logprobs)
         if isinstance(prompts, list | tuple) and len(prompts) * spec.n > MAX_SEQUENCES:
             raise InvalidRequestError(
@@ -317,15 +348,20 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         call = self.loop.submit(
             [TokensPrompt(prompt_token_ids=ids) for ids in token_ids],
             spec.per_prompt(len(token_ids)),
+            [lora_request] * len(token_ids),
         )
         outputs = self.loop.wait(call)
-        version = self.weight_version
+        lora_mode = self.adapter_store is not None
+        version = (adapter_at or 0) if lora_mode else self.weight_version
         results = []
         for ids, output in zip(token_ids, outputs, strict=True):
             completions = sorted(output.outputs, key=lambda c: c.index)
             result: dict[str, Any] = {
                 "prompt_token_ids": ids,
-                "completions": [completion_record(c, spec.logprobs, version) for c in completions],
+                "completions": [
+                    completion_record(c, spec.logprobs, version, fixed=lora_mode)
+                    for c in completions
+                ],
             }
             if spec.prompt_logprobs:
                 steps = list(output.prompt_logprobs or [])[1:]
@@ -350,13 +386,22 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         dropped and recomputed under the new weights, so their later tokens are the new
         model's given the text so far and their earlier ones the old model's
         (``weight_version_spans``). Either way no cached prefix from old weights survives.
-        ``version`` labels the new weights (default: the current one + 1).
+        ``version`` labels the new weights (default: the current one + 1). LoRA mode: the
+        weights are the trainer's adapter, loaded as the default adapter's ``version`` without
+        any drain whatever the strategy (``load_adapter``).
         """
         from arctic_platform.rl.api import check_strategy
 
         check_strategy(strategy)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
             raise InvalidRequestError(f"version must be an integer, got {version!r}")
+        if self.adapter_store is not None:
+            loaded = self.load_adapter(
+                DEFAULT_ADAPTER, self._next_version() if version is None else version, weights
+            )
+            self.weight_version = loaded["weight_version"]
+            self.last_swap = loaded
+            return dict(loaded)
         asked = time.monotonic()
 
         def swap() -> dict[str, Any]:
@@ -390,7 +435,8 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
     def load_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None
     ) -> None:
-        """``swap_weights`` with the ``drain`` strategy (running requests finish first)."""
+        """``swap_weights`` with the ``drain`` strategy (running requests finish first); in LoRA
+        mode the default adapter's next version."""
         self.swap_weights(weights, strategy="drain", bucket_bytes=bucket_bytes)
 
     def reset_prefix_cache(self) -> None:

@@ -265,3 +265,72 @@ class ArcticWorkerExtension:
                 total += sum_of_squares(weight_t)
                 read_back.append(f"{module_name}.{param_name}")
         return {"sumsq": total, "read_back": read_back}
+
+    def arctic_lora_prompt_logprobs(self) -> bool:
+        """Make prompt log-probs use each request's own adapter on a LoRA LM head.
+
+        vLLM computes one request's prompt logits at a time, but its LoRA LM head applies the
+        batch's per-request adapter indices to them: with several requests this fails (or,
+        with one, would mix adapters). During that computation each call gets its request's
+        adapter index for every row instead. True when the fix was installed.
+        """
+        from vllm.lora.layers.logits_processor import LogitsProcessorWithLoRA
+
+        runner: Any = self.model_runner  # type: ignore[attr-defined]
+        model = runner.model
+        wrappers = {
+            id(m.punica_wrapper): m.punica_wrapper
+            for m in model.modules()
+            if isinstance(m, LogitsProcessorWithLoRA)
+        }
+        if not wrappers or getattr(runner, "_arctic_prompt_lora", False):
+            return False
+        original = runner._get_prompt_logprobs_dict
+
+        def prompt_logprobs(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            num_reqs = int(runner.input_batch.num_reqs)
+            if any(w.indices_len[1] != num_reqs for w in wrappers.values()):
+                return original(hidden_states, *args, **kwargs)  # not one index per request
+            starts = runner.query_start_loc.np[: num_reqs + 1]
+            compute = model.compute_logits
+
+            def one_request(rows: torch.Tensor, *a: Any, **k: Any) -> Any:
+                import numpy as np
+
+                offset = rows.storage_offset() - hidden_states.storage_offset()
+                first = offset // hidden_states.stride(0)
+                request = int(np.searchsorted(starts, first, side="right")) - 1
+                with _RequestRows(list(wrappers.values()), request, rows.shape[0]):
+                    return compute(rows, *a, **k)
+
+            model.compute_logits = one_request
+            try:
+                return original(hidden_states, *args, **kwargs)
+            finally:
+                del model.compute_logits
+
+        runner._get_prompt_logprobs_dict = prompt_logprobs
+        runner._arctic_prompt_lora = True
+        return True
+
+
+class _RequestRows:
+    """While open, the LoRA LM heads' sampler indices are ``rows`` copies of one request's."""
+
+    def __init__(self, wrappers: list[Any], request: int, rows: int) -> None:
+        self.wrappers, self.request, self.rows = wrappers, request, rows
+        self.saved: list[tuple[Any, int]] = []
+
+    def __enter__(self) -> None:
+        for wrapper in self.wrappers:
+            index = wrapper._sampler_indices[self.request].clone()
+            kept = wrapper._sampler_indices[: self.rows].clone()
+            self.saved.append((kept, wrapper.indices_len[1]))
+            wrapper._sampler_indices[: self.rows] = index
+            wrapper.indices_len[1] = self.rows
+
+    def __exit__(self, *exc: object) -> None:
+        for wrapper, (kept, length) in zip(self.wrappers, self.saved, strict=True):
+            wrapper._sampler_indices[: self.rows] = kept
+            wrapper.indices_len[1] = length
+        self.saved.clear()
