@@ -344,7 +344,8 @@ def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
             raise InvalidRequestError(
                 "creating a model by load_weights is not offered; create_model, then load_state"
             )
-        return _accepted(frontend.load_weights(body.model_id, body.seq_id, body.path))
+        future = frontend.load_weights(body.model_id, body.seq_id, body.path, body.optimizer)
+        return _accepted(future)
 
     @route("/api/v1/create_sampling_session")
     async def create_sampler(request: Request) -> Response:

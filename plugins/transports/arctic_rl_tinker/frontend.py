@@ -412,8 +412,11 @@ class TinkerFrontend:
 
         return self._ordered(model, seq_id, "save_weights", work)
 
-    def load_weights(self, model_id: str, seq_id: int | None, path: str) -> Future:
-        """Restore a checkpoint this model saved (weights and optimizer state)."""
+    def load_weights(
+        self, model_id: str, seq_id: int | None, path: str, optimizer: bool = True
+    ) -> Future:
+        """Restore a checkpoint this model saved: weights and optimizer state, or (``optimizer``
+        false, once the server's load_checkpoint offers it) the weights with a fresh optimizer."""
         model = self.model(model_id)
         with self._lock:
             entry = self.paths.get(path)
@@ -426,8 +429,12 @@ class TinkerFrontend:
                 f"{path} was saved by model {entry[1]}; a model loads only its own checkpoints"
             )
 
+        request: dict[str, Any] = {"path": entry[2]}
+        if not optimizer and lora_models.weights_only_load_offered():
+            request["optimizer"] = False
+
         def work(model: Model) -> Outcome:
-            self.server.handle("load_checkpoint", {"job_id": model.training_job, "path": entry[2]})
+            self.server.handle("load_checkpoint", {"job_id": model.training_job, **request})
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self._ordered(model, seq_id, "load_weights", work)

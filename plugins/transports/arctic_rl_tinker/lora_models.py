@@ -95,6 +95,14 @@ def check_base_model(name: str) -> None:
         )
 
 
+def weights_only_load_offered() -> bool:
+    """Whether core's ``load_checkpoint`` takes ``optimizer: false`` (weights only, a fresh
+    optimizer: Tinker's ``load_state``); until it does, both load forms restore the optimizer."""
+    from arctic_platform.rl.api import LoadCheckpointRequest
+
+    return "optimizer" in LoadCheckpointRequest.model_fields
+
+
 __all__ = [
     "ATTENTION_MODULES",
     "BASE_ADAPTER",
@@ -104,4 +112,5 @@ __all__ = [
     "check_base_model",
     "lora_section",
     "target_modules",
+    "weights_only_load_offered",
 ]

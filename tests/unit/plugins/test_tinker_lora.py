@@ -39,6 +39,8 @@ class RecordingServer:
             job = payload["sampling_job_ids"][0]
             self._versions[job] = self._versions.get(job, 0) + 1
             return {"weight_version": self._versions[job]}
+        if name == "save_checkpoint":
+            return {"path": f"/ckpt/{payload['tag']}", "global_step": 1}
         if name == "generate":
             return {"outputs": [{"token_ids": [[1]], "log_probs": [[-0.5]]}] * 1}
         return {}
@@ -156,5 +158,25 @@ def test_bad_lora_settings_are_refused_before_any_job_starts(model_dir, tmp_path
         with pytest.raises(InvalidRequestError, match="no such file"):
             frontend.create_model(session, 1, str(tmp_path / "nope"), {"rank": 8})
         assert server.sent("initialize") == [] and frontend.models == {}
+    finally:
+        frontend.close()
+
+
+@pytest.mark.parametrize("offered", [False, True])
+def test_load_state_asks_for_a_fresh_optimizer_once_the_server_offers_it(
+    model_dir, monkeypatch, offered
+):
+    monkeypatch.setattr("arctic_rl_tinker.lora_models.weights_only_load_offered", lambda: offered)
+    frontend, server = _frontend()
+    try:
+        session = frontend.create_session()
+        _wait(frontend.create_model(session, 0, model_dir, {"rank": 8}))
+        model_id = f"{session}:train:0"
+        path = _wait(frontend.save_weights(model_id, 1, "a")).json["path"]
+        _wait(frontend.load_weights(model_id, 2, path, optimizer=True))
+        _wait(frontend.load_weights(model_id, 3, path, optimizer=False))
+        with_optimizer, weights_only = server.sent("load_checkpoint")
+        assert "optimizer" not in with_optimizer and with_optimizer["path"] == "/ckpt/a"
+        assert weights_only.get("optimizer", True) is (not offered)
     finally:
         frontend.close()
