@@ -309,8 +309,8 @@ class LoraServing:
         if self.lora is not None:
             max_rank = int(self.engine_kwargs.get("max_lora_rank") or self.lora.served_rank)
             self.adapter_store = AdapterStore(self.lora, max_rank, work_dir)
-            # vLLM's prompt log-probs with a LoRA LM head need each request's own adapter
-            self.llm.collective_rpc("arctic_lora_prompt_logprobs")
+            # fixes of vLLM's LoRA: per-request adapters in prompt log-probs, base rows on CPU
+            self.llm.collective_rpc("arctic_lora_fixes")
 
     def _in_loop(self, function: Callable[[], Any], when: str = "now") -> Any:
         return function()

@@ -266,6 +266,13 @@ class ArcticWorkerExtension:
                 read_back.append(f"{module_name}.{param_name}")
         return {"sumsq": total, "read_back": read_back}
 
+    def arctic_lora_fixes(self) -> dict[str, bool]:
+        """Install the LoRA fixes this vLLM needs (see the two methods below); what was done."""
+        return {
+            "prompt_logprobs": self.arctic_lora_prompt_logprobs(),
+            "cpu_base_rows": mask_cpu_base_rows(),
+        }
+
     def arctic_lora_prompt_logprobs(self) -> bool:
         """Make prompt log-probs use each request's own adapter on a LoRA LM head.
 
@@ -334,3 +341,37 @@ class _RequestRows:
             wrapper._sampler_indices[: self.rows] = kept
             wrapper.indices_len[1] = length
         self.saved.clear()
+
+
+def mask_cpu_base_rows() -> bool:
+    """Make vLLM's CPU LoRA ops leave rows without an adapter alone (once per process).
+
+    A row served by the base has adapter index -1, which the torch ops (``torch_ops``) use as
+    a plain index: the last LoRA slot, so once every slot holds an adapter, base rows in the
+    batch got that adapter's update. The shrink step now zeroes those rows, so the expand step
+    that follows adds nothing to them. True when installed by this call.
+    """
+    import vllm.lora.ops.torch_ops.lora_ops as ops
+    import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
+
+    if getattr(ops.bgmv_shrink, "_arctic_masked", False):
+        return False
+    original = ops.bgmv_shrink
+
+    def bgmv_shrink(
+        inputs: torch.Tensor,
+        weights: torch.Tensor,
+        output_tensor: torch.Tensor,
+        indices: torch.Tensor,
+        scaling: float = 1.0,
+    ) -> None:
+        original(inputs, weights, output_tensor, indices, scaling)
+        if indices.numel() == output_tensor.shape[0]:
+            output_tensor[indices < 0] = 0
+        elif indices.numel() == 1 and int(indices.reshape(-1)[0]) < 0:
+            output_tensor.zero_()
+
+    bgmv_shrink._arctic_masked = True  # type: ignore[attr-defined]
+    ops.bgmv_shrink = bgmv_shrink  # sgmv_shrink calls it from this module
+    punica_cpu.bgmv_shrink = bgmv_shrink  # type: ignore[attr-defined]
+    return True

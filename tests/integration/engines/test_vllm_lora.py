@@ -303,3 +303,37 @@ def test_served_weight_norm_reads_the_base_back_and_adds_the_default_adapter(sam
 def test_sleep_level_two_is_refused_in_lora_mode(sampler):
     with pytest.raises(InvalidRequestError, match="cannot load again"):
         sampler.sleep(level=2)
+
+
+def test_one_batch_mixing_two_adapters_and_the_base_serves_each_its_own(sampler):
+    from vllm.inputs import TokensPrompt
+
+    from arctic_rl_engines.vllm_sampling import SamplingSpec
+
+    alone = {
+        name: engine_scores(sampler, adapter=name, adapter_version=version)
+        for name, version in (("m", 3), ("live", 2), ("base", None))
+    }
+    requests = [
+        sampler.adapter_store.resolve("m", 3).request,
+        sampler.adapter_store.resolve("live", 2).request,
+        None,
+    ]
+    spec = SamplingSpec.parse({"max_tokens": 1, "prompt_logprobs": True, "temperature": 0.0})
+    pairs = [p + c for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    for order in ([0, 1, 2], [2, 0, 1]):
+        prompts = [TokensPrompt(prompt_token_ids=pairs[i]) for i in order]
+        loras = [requests[i] for i in order]
+        call = sampler.loop.submit(prompts, spec.per_prompt(3), loras)
+        outputs = sampler.loop.wait(call)
+        for i, output in zip(order, outputs, strict=True):
+            name = ("m", "live", "base")[i]
+            got = [
+                float(step[t].logprob)
+                for t, step in zip(
+                    pairs[i][len(PROMPTS[i]) :],
+                    output.prompt_logprobs[len(PROMPTS[i]) :],
+                    strict=True,
+                )
+            ]
+            assert max_diff(got, alone[name][i]) < TOLERANCE, (name, order)
