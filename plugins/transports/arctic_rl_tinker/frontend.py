@@ -112,7 +112,8 @@ class TinkerFrontend:
                 self.finish_session(session_id)
 
     def finish_session(self, session_id: str) -> None:
-        """End a session: destroy its models' jobs and forget their samplers and paths."""
+        """End a session: destroy its models' jobs and forget their samplers and paths (a base
+        sampler on one of those jobs moves to another LoRA job of its base, if there is one)."""
         with self._lock:
             self.sessions.pop(session_id, None)
             self._finished.add(session_id)
@@ -122,7 +123,12 @@ class TinkerFrontend:
             gone = {m.model_id for m in models}
             jobs = {j for m in models for j in (m.training_job, m.sampling_job) if j is not None}
             for sampler_id in [k for k, v in self.samplers.items() if v.job_id in jobs]:
-                del self.samplers[sampler_id]
+                sampler = self.samplers[sampler_id]
+                other = lora_models.lora_sampling_job(self.models.values(), sampler.base_model)
+                if sampler.adapter == lora_models.BASE_ADAPTER and other is not None:
+                    sampler.job_id = other
+                else:
+                    del self.samplers[sampler_id]
             for path in [k for k, v in self.paths.items() if v[1] in gone]:
                 del self.paths[path]
         for model in models:
@@ -455,15 +461,6 @@ class TinkerFrontend:
             self.samplers[sampler_id] = sampler
         return sampler_id
 
-    def _lora_job_of(self, base_model: str) -> int | None:
-        """A running LoRA sampling job of ``base_model`` (it serves the base as ``base``)."""
-        with self._lock:
-            models = [m for m in self.models.values() if m.base_model == base_model and m.lora]
-        for model in models:
-            if model.ready.is_set() and model.error is None and model.sampling_job is not None:
-                return model.sampling_job
-        return None
-
     def _base_sampler_job(self, base_model: str) -> int:
         """A sampling job of the untrained ``base_model`` (started once, kept)."""
         with self._lock:
@@ -494,7 +491,8 @@ class TinkerFrontend:
             )
         if not base_model:
             raise InvalidRequestError("create_sampling_session needs model_path or base_model")
-        shared = self._lora_job_of(base_model)
+        with self._lock:
+            shared = lora_models.lora_sampling_job(self.models.values(), base_model)
         if shared is not None:
             return self._new_sampler(base_model, shared, 0, None, lora_models.BASE_ADAPTER)
         return self._new_sampler(base_model, self._base_sampler_job(base_model), 0, None)

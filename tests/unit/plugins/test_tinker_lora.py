@@ -180,3 +180,22 @@ def test_load_state_asks_for_a_fresh_optimizer_once_the_server_offers_it(
         assert weights_only.get("optimizer", True) is (not offered)
     finally:
         frontend.close()
+
+
+def test_a_base_sampler_moves_to_another_lora_job_when_its_jobs_session_ends(model_dir):
+    frontend, _ = _frontend()
+    try:
+        first, second = frontend.create_session(), frontend.create_session()
+        _wait(frontend.create_model(first, 0, model_dir, {"rank": 8}))
+        base_id = frontend.create_sampling_session(second, None, model_dir)
+        job = frontend.sampler(base_id).job_id
+        _wait(frontend.create_model(second, 0, model_dir, {"rank": 8}))
+        frontend.finish_session(first)
+        moved = frontend.sampler(base_id)
+        assert moved.job_id != job and moved.adapter == "base"
+        assert moved.job_id == frontend.model(f"{second}:train:0").sampling_job
+        frontend.finish_session(second)  # no LoRA job of that base is left: it goes
+        with pytest.raises(InvalidRequestError, match="unknown sampling_session_id"):
+            frontend.sampler(base_id)
+    finally:
+        frontend.close()
