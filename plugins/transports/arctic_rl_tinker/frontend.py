@@ -231,6 +231,8 @@ class TinkerFrontend:
         model_id = f"{session_id}:train:{model_seq_id}"
         lora = None if self.full_fine_tuning else lora_models.lora_section(lora_config)
         lora_models.check_base_model(base_model)
+        if lora is not None:
+            lora_models.check_targets(base_model, lora["target_modules"])
         rank = lora["rank"] if lora else (lora_config or {}).get("rank")
         with self._lock:
             if model_id in self.models:

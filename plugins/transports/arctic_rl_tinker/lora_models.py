@@ -8,6 +8,7 @@ one; the cookbook's learning-rate helper assumes 32, the core default).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -97,6 +98,40 @@ def check_base_model(name: str) -> None:
         )
 
 
+def _module_names(model_dir: Path) -> set[str] | None:
+    """The last name of every weight's module in a local model's safetensors headers (None
+    when there are none to read), plus ``lm_head`` when the embeddings are tied."""
+    names: set[str] = set()
+    files = sorted(model_dir.glob("*.safetensors"))
+    for file in files:
+        with open(file, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size)) if 0 < size < 1 << 28 else {}
+        names.update(k.rsplit(".", 2)[-2] for k in header if k.count(".") >= 1)
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("tie_word_embeddings"):
+        names.add("lm_head")
+    return names if files else None
+
+
+def check_targets(base_model: str, targets: list[str]) -> None:
+    """Refuse target modules a local base model does not have, naming those it has (a hub
+    model is checked by its training job when it starts)."""
+    path = Path(base_model).expanduser()
+    if not path.is_dir():
+        return
+    try:
+        names = _module_names(path)
+    except (OSError, ValueError):
+        return  # unreadable here: the training job's own check answers
+    missing = [t for t in targets if names is not None and t not in names]
+    if missing:
+        raise InvalidRequestError(
+            f"base_model {base_model!r} has no {missing} modules for LoRA (turn off the "
+            f"train_* switch that needs them); its weights' modules: {sorted(names or ())}"
+        )
+
+
 def lora_sampling_job(models: Iterable[Model], base_model: str) -> int | None:
     """The sampling job of a ready LoRA model of ``base_model``, if any: it serves the base
     too, as adapter ``base`` (a pool of models on one base would be the natural owner)."""
@@ -123,6 +158,7 @@ __all__ = [
     "TINKER_DEFAULT_RANK",
     "UNEMBED_MODULES",
     "check_base_model",
+    "check_targets",
     "lora_sampling_job",
     "lora_section",
     "target_modules",

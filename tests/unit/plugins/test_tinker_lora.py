@@ -199,3 +199,32 @@ def test_a_base_sampler_moves_to_another_lora_job_when_its_jobs_session_ends(mod
             frontend.sampler(base_id)
     finally:
         frontend.close()
+
+
+def _safetensors(path, names):
+    import json
+    import struct
+
+    header = {n: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]} for n in names}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
+
+
+def test_target_modules_a_local_model_lacks_are_refused_naming_those_it_has(model_dir, tmp_path):
+    from arctic_rl_tinker.lora_models import check_targets
+
+    attention = [f"model.layers.0.self_attn.{m}.weight" for m in ("q_proj", "k_proj")]
+    _safetensors(tmp_path / "model.safetensors", [*attention, "model.embed_tokens.weight"])
+    check_targets(model_dir, ["q_proj", "k_proj"])
+    with pytest.raises(InvalidRequestError, match=r"\['lm_head'\].*embed_tokens"):
+        check_targets(model_dir, ["q_proj", "lm_head"])
+    (tmp_path / "config.json").write_text('{"tie_word_embeddings": true}')
+    check_targets(model_dir, ["q_proj", "lm_head"])  # tied: the lm_head module exists
+    frontend, server = _frontend()
+    try:
+        session = frontend.create_session()
+        with pytest.raises(InvalidRequestError, match="gate_proj"):
+            frontend.create_model(session, 0, model_dir, {"rank": 8})
+        assert server.sent("initialize") == []
+    finally:
+        frontend.close()
