@@ -136,6 +136,14 @@ class _Clipped(TinkerLoss):
                 f"{low} and {high}"
             )
 
+    @staticmethod
+    def _ratios(
+        log_probs: torch.Tensor, batch: Mapping[str, Any], config: Mapping[str, float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ratio ``r`` and ``clip(r, low, high)``."""
+        ratio = _ratio(log_probs, batch)
+        return ratio, ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+
 
 class PPO(_Clipped):
     """``-sum w min(r A, clip(r, low, high) A)``: the clipped surrogate objective."""
@@ -148,9 +156,8 @@ class PPO(_Clipped):
         """``-min(r A, clip(r) A)``."""
         import torch
 
-        ratio = _ratio(log_probs, batch)
+        ratio, clipped = self._ratios(log_probs, batch, config)
         advantages = batch["advantages"]
-        clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
         return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
@@ -163,8 +170,7 @@ class CISPO(_Clipped):
         self, log_probs: torch.Tensor, batch: Mapping[str, Any], config: Mapping[str, float]
     ) -> torch.Tensor:
         """``-sg(clip(r)) lp A``."""
-        ratio = _ratio(log_probs, batch)
-        clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+        _, clipped = self._ratios(log_probs, batch, config)
         return -clipped.detach() * log_probs * batch["advantages"]
 
 
