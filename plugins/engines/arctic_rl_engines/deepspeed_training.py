@@ -27,6 +27,7 @@ from arctic_platform.rl.api import (
     TrainingEngine,
 )
 from arctic_rl_engines import ds_checkpoint, ds_env, ds_lora, ds_model
+from arctic_rl_engines.ds_adapters import AdapterHost
 from arctic_rl_engines.ds_config import (
     build_optimizer,
     lr_schedule,
@@ -54,8 +55,11 @@ SLEEP_UNSUPPORTED = (
 NOTHING_ACCUMULATED = "no fwd_bwd accumulated gradients since the last step or checkpoint load"
 
 
-class DeepSpeedTrainingEngine(TrainingEngine):
-    """DeepSpeed training of a Hugging Face causal LM; built as ``factory(config, context)``."""
+class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
+    """DeepSpeed training of a Hugging Face causal LM; built as ``factory(config, context)``.
+
+    In LoRA mode, ``adapter=`` on a call names the adapter it works on (``ds_adapters``).
+    """
 
     def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
         import deepspeed
@@ -204,6 +208,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         *,
         return_log_probs: bool = False,
         forward_only: bool = False,
+        adapter: str | None = None,
     ) -> dict[str, Any]:
         """Accumulate gradients of ``loss_fn`` over ``batch`` (all ranks: the same batch).
 
@@ -220,6 +225,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         from arctic_platform.rl.api import LossOutput, aggregate
 
         clean = self._batch(batch)
+        self._select(adapter)
         fn, cfg = self._loss(loss_fn, loss_config)
         required = fn.required_fields(cfg) if hasattr(fn, "required_fields") else set()
         missing = sorted(f for f in required if f not in clean)
@@ -336,7 +342,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             logger.exception("could not discard the gradients of a failed fwd_bwd")
 
     def fwd_no_grad(
-        self, batch: Batch | Mapping[str, Any], reference_model: bool = False
+        self,
+        batch: Batch | Mapping[str, Any],
+        reference_model: bool = False,
+        *,
+        adapter: str | None = None,
     ) -> list[list[float]]:
         """Per-token log-probs of each row (entry 0 is 0.0); every rank returns all rows.
 
@@ -346,6 +356,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         import contextlib
 
         clean = self._batch(batch)
+        self._select(adapter)
         model: Any = self._engine
         context: Any = contextlib.nullcontext()
         if reference_model and self._lora is not None:  # the base: the adapter switched off
@@ -381,7 +392,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     # --- optimizer ------------------------------------------------------------------------
 
     def step(
-        self, learning_rate: float | None = None, optimizer_params: dict[str, Any] | None = None
+        self,
+        learning_rate: float | None = None,
+        optimizer_params: dict[str, Any] | None = None,
+        *,
+        adapter: str | None = None,
     ) -> dict[str, Any]:
         """Apply the accumulated gradients; ``learning_rate`` overrides this step's rate only.
 
@@ -391,6 +406,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         With nothing accumulated since the last step or load, nothing changes (weights,
         optimizer, lr schedule, ``global_step``) and the answer says ``applied: False``.
         """
+        self._select(adapter)
         optimizer = self._engine.optimizer
         if learning_rate is not None:
             lr = float(learning_rate)
@@ -428,7 +444,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self._world > 1:
             dist.barrier()
 
-    def save_checkpoint(self, directory: str, tag: str | None = None) -> str:
+    def save_checkpoint(
+        self, directory: str, tag: str | None = None, *, adapter: str | None = None
+    ) -> str:
         """Write the full training state to ``directory/tag`` atomically; returns its path.
 
         Holds DeepSpeed's state (weights, optimizer, scheduler, step), each rank's RNG and a
@@ -436,6 +454,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         state leaves out the frozen base and ``adapter/`` (a PEFT directory) replaces ``hf/``.
         Collective.
         """
+        self._select(adapter)
         step = self.global_step
         tag = ds_checkpoint.check_tag(tag if tag is not None else f"global_step{step}")
         root = Path(directory)
@@ -491,7 +510,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self._tokenizer is not None:
             self._tokenizer.save_pretrained(str(hf))
 
-    def load_checkpoint(self, path: str) -> int:
+    def load_checkpoint(self, path: str, *, adapter: str | None = None) -> int:
         """Restore a checkpoint (``path`` or its newest complete child); returns the step.
 
         Gradients accumulated before the load are discarded (the next ``step`` applies none).
@@ -499,6 +518,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         ckpt = ds_checkpoint.find_checkpoint(path)
         meta = ds_checkpoint.read_marker(ckpt)
         ds_lora.check_mode(meta, self._lora, ckpt)
+        self._select(adapter)
         saved_world = int(meta.get("world_size", self._world))
         if saved_world != self._world and self.setup.zero_stage > 0:
             raise CheckpointError(
@@ -523,11 +543,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
 
     # --- weights and resources ------------------------------------------------------------
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_weights(self, *, adapter: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Full CPU tensors under Hugging Face names (collective under ZeRO-3); in LoRA mode
         only the adapter's, under peft's export names."""
         if self._lora is not None:
-            return iter(ds_lora.export(self._engine.module).items())
+            parked = self._adapter_weights(adapter)
+            return iter((parked or ds_lora.export(self._engine.module)).items())
         return ds_model.full_weights(self._engine.module)
 
     def lora_info(self) -> dict[str, Any] | None:

@@ -2,7 +2,9 @@
 
 A checkpoint is a directory ``<root>/<tag>/`` holding ``deepspeed/`` (DeepSpeed's own state:
 weights, optimizer, scheduler, step), ``rng/rank<r>.pt``, ``hf/`` (``save_pretrained``
-weights and tokenizer) and, written last, ``arctic_rl_checkpoint.json``. It is built in
+weights and tokenizer; in LoRA mode ``adapter/`` instead, a PEFT adapter directory, and
+``deepspeed/`` leaves out the frozen base) and, written last, ``arctic_rl_checkpoint.json``
+(its ``lora`` and ``base_model`` say which mode wrote it). It is built in
 ``<root>/.<tag>.tmp`` and renamed into place, so a crash leaves either no checkpoint or a
 hidden temp directory that discovery ignores. Replacing a tag renames the older copy to
 ``.<tag>.old`` first; a crash between the two renames leaves no ``<tag>``, and discovery then

@@ -1,8 +1,9 @@
 """LoRA mode of the DeepSpeed training engine on CPU: the adapter trains, exports, checkpoints.
 
 One ZeRO-0 engine (rank 8, alpha 16, default targets) serves the module's tests in order:
-step 0 (adapter = base), training, checkpoints and resume; the 2-rank ZeRO-3 run is a world
-of two processes (``ds_world_worker.py``) compared with that one-process run.
+step 0 (adapter = base), training, checkpoints and resume, the log-prob job serving the
+adapter, and last named adapters (``adapter=``). The 2-rank ZeRO-0/ZeRO-3 runs are a world of
+two processes (``ds_world_worker.py``) compared with each other and a one-process run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
 
-from arctic_platform.rl.errors import CheckpointError, EngineConfigError  # noqa: E402
+from arctic_platform.rl.errors import (  # noqa: E402
+    CheckpointError,
+    EngineConfigError,
+    InvalidRequestError,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -177,6 +182,12 @@ def test_lora_and_full_checkpoints_refuse_the_other_mode(
     full = make_engine(tiny_model_path, checkpoint_path=str(tmp_path))
     try:
         full_path = full.save_checkpoint(str(tmp_path))
+        assert full.lora_info() is None and full.adapter_config() is None
+        assert full.adapters() == []
+        with pytest.raises(InvalidRequestError, match="trains full weights, not adapters"):
+            full.fwd_no_grad(make_batch(0), adapter="default")
+        with pytest.raises(InvalidRequestError, match="trains full weights, not adapters"):
+            full.add_adapter("b")
         with pytest.raises(CheckpointError, match="is a LoRA checkpoint"):
             full.load_checkpoint(str(root))
     finally:
@@ -206,8 +217,6 @@ def log_prob_engine(model_path: str, lora: bool = True, **options: Any) -> Any:
 def test_the_deepspeed_log_prob_job_serves_the_adapter(
     engine: Any, root: Path, tiny_model_path: str
 ) -> None:
-    from arctic_platform.rl.errors import InvalidRequestError
-
     batch = make_batch(5)
     trainer, base = engine.fwd_no_grad(batch), engine.fwd_no_grad(batch, reference_model=True)
     adapter = weights(engine)
@@ -289,3 +298,59 @@ def test_zero3_on_two_ranks_exports_the_adapter_of_zero0(
     print(f"2-rank ZeRO-3 vs 1-process ZeRO-0 adapter: max |diff| = {whole:.2e}")
     assert ranks[0]["3"]["losses"] == pytest.approx(losses, rel=1e-5)
     assert whole <= 1e-6
+
+
+def test_named_adapters_train_apart_and_checkpoint_one_at_a_time(
+    engine: Any, tmp_path: Path
+) -> None:
+    from arctic_platform.rl.errors import NotFoundError
+
+    batch, other = make_batch(0), make_batch(7)
+    base = engine.fwd_no_grad(batch, reference_model=True)
+    default = weights(engine)
+    assert engine.adapters() == ["default"]
+    engine.add_adapter("b", seed=11)
+    engine.add_adapter("c", seed=11)
+    assert engine.adapters() == ["default", "b", "c"]
+    fresh = dict(engine.named_weights(adapter="b"))
+    assert fresh.keys() == default.keys()
+    assert all(not t.any() for n, t in fresh.items() if "lora_B" in n)
+    assert engine.fwd_no_grad(batch, adapter="b") == base  # a new adapter is the base
+    assert engine.global_step == 0 and engine.adapters()[0] == "b"
+
+    def train(adapter: str, rows: dict[str, Any]) -> float:
+        loss = engine.fwd_bwd(rows, "cross_entropy", adapter=adapter)["loss"]
+        engine.step(adapter=adapter)
+        return loss
+
+    # "b" trains with "default" stepping (and holding half-accumulated gradients) in between;
+    # "c", the same start, trains alone: both end bit for bit the same.
+    b_losses = [train("b", batch)]
+    engine.fwd_bwd(other, "cross_entropy", adapter="default")
+    b_losses.append(train("b", batch))
+    assert engine.step(adapter="default")["applied"]
+    c_losses = [train("c", batch), train("c", batch)]
+    assert b_losses == c_losses
+    assert max_weight_diff(weights(engine), dict(engine.named_weights(adapter="b"))) == 0.0
+    assert engine.global_step == 2
+    assert max_weight_diff(dict(engine.named_weights(adapter="default")), default) > 0
+    # A checkpoint holds one adapter; loading it into another makes that one its copy.
+    path = engine.save_checkpoint(str(tmp_path), adapter="b")
+    assert json.loads((Path(path) / "arctic_rl_checkpoint.json").read_text())["global_step"] == 2
+    train("c", other)
+    assert engine.load_checkpoint(path, adapter="c") == 2
+    assert max_weight_diff(weights(engine), dict(engine.named_weights(adapter="b"))) == 0.0
+    assert train("c", batch) == train("b", batch)
+    with pytest.raises(NotFoundError, match=r"adapter 'nope' is not in this training job"):
+        engine.fwd_bwd(batch, "cross_entropy", adapter="nope")
+    with pytest.raises(InvalidRequestError, match="already exists"):
+        engine.add_adapter("b")
+    engine.fwd_bwd(batch, "cross_entropy", adapter="b")
+    with pytest.raises(InvalidRequestError, match="holds gradients no step applied"):
+        engine.remove_adapter("b")
+    engine.step(adapter="b")
+    assert engine.remove_adapter("b")["adapters"] == ["c", "default"]
+    engine.remove_adapter("c")
+    assert engine.adapters() == ["default"] and engine.global_step > 2
+    with pytest.raises(InvalidRequestError, match="last adapter"):
+        engine.remove_adapter("default")
