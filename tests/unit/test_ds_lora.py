@@ -95,6 +95,8 @@ def test_export_is_the_adapter_under_peft_names_with_sizes() -> None:
 
 
 def test_unknown_target_modules_name_what_the_model_has() -> None:
+    dotted = ds_lora.wrap(Toy(), lora(target_modules=["layers.1.q_proj", "lm_head"]), seed=0)
+    assert len(ds_lora.lora_parameters(dotted)) == 4  # a dotted suffix names one layer
     with pytest.raises(EngineConfigError) as err:
         ds_lora.wrap(Toy(), lora(target_modules=["q_proj", "o_proj", "norm"]), seed=0)
     text = str(err.value)

@@ -4,7 +4,8 @@ Configured by ``log_prob_ds_config``: our keys ``dtype``, ``max_tokens_per_mb`` 
 ``attn_impl``, the rest a DeepSpeed config (ZeRO-3 shards the weights over the job's ranks;
 stages 0-2 keep a plain replica). The forward path is the training engine's own
 (``arctic_rl_engines.logprobs``). In LoRA mode (``training_config.lora``) the base is wrapped
-by peft like the trainer's and weight loads carry the adapter only.
+by peft like the trainer's, weight loads carry the adapter only, and named adapter versions
+are served per call (``ds_lora_serving``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.api import (
+    DEFAULT_ADAPTER,
     Batch,
     BatchError,
     BatchLimits,
@@ -23,6 +25,7 @@ from arctic_platform.rl.api import (
 )
 from arctic_rl_engines import ds_checkpoint, ds_env, ds_lora, ds_model
 from arctic_rl_engines.ds_config import forward_setup
+from arctic_rl_engines.ds_lora_serving import BASE_ADAPTER, AdapterServing
 from arctic_rl_engines.logprobs import rows_log_probs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +38,7 @@ SLEEP_UNSUPPORTED = (
 )
 
 
-class DeepSpeedLogProbEngine(LogProbEngine):
+class DeepSpeedLogProbEngine(AdapterServing, LogProbEngine):
     """Log-probs (and top-k alternatives) of completions under the served weights."""
 
     def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
@@ -48,6 +51,7 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         transformers.set_seed(config.seed)
         resume, source = ds_checkpoint.start_point(config.checkpoint_path, config.model_name)
         self._lora = lora = ds_lora.lora_of(config)
+        self._serving_start()
         if resume is not None:
             meta = ds_checkpoint.read_marker(resume)
             ds_lora.check_mode(meta, lora, resume)
@@ -63,8 +67,9 @@ class DeepSpeedLogProbEngine(LogProbEngine):
             prepare=None if lora is None else lambda m: ds_lora.wrap(m, lora, config.seed),
         )
         self._vocab, self._max_len, self._pad_id = ds_model.model_limits(self._model.config)
-        if lora is not None and resume is not None:
-            self.load_weights(ds_lora.load_adapter(resume / ds_lora.ADAPTER_DIR).items())
+        if lora is not None and resume is not None:  # the checkpoint's adapter, as version 0
+            tensors = ds_lora.load_adapter(resume / ds_lora.ADAPTER_DIR)
+            self.load_adapter(DEFAULT_ADAPTER, 0, tensors.items())
 
     def batch_limits(self) -> BatchLimits:
         """The model's vocabulary and context: what a batch must keep."""
@@ -84,10 +89,16 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         )
 
     def log_probs(
-        self, prompts: list[list[int]], completions: list[list[int]], top_k: int = 1
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        top_k: int = 1,
+        adapter: str | None = None,
+        adapter_version: int | None = None,
     ) -> list[dict[str, Any]]:
         """Per pair: ``log_probs`` of each completion token and, per token, ``top_k`` lists
-        of ``[token_id, logprob]`` (likeliest first) of the distribution it was drawn from."""
+        of ``[token_id, logprob]`` (likeliest first) of the distribution it was drawn from;
+        LoRA mode: under ``adapter`` at ``adapter_version`` (``ds_lora_serving``)."""
         if len(prompts) != len(completions):
             raise BatchError(
                 f"{len(prompts)} prompts but {len(completions)} completions; give one each"
@@ -109,7 +120,8 @@ class DeepSpeedLogProbEngine(LogProbEngine):
             limits=self.batch_limits(),
         )
         starts = [len(p) for p in prompts]
-        results = self._run(checked.rows("input_ids"), top_k=top_k, top_k_from=starts)
+        with self._serving(adapter, adapter_version):
+            results = self._run(checked.rows("input_ids"), top_k=top_k, top_k_from=starts)
         out = []
         for start, res in zip(starts, results, strict=True):
             n = len(res.log_probs) - start
@@ -124,34 +136,43 @@ class DeepSpeedLogProbEngine(LogProbEngine):
         return out
 
     def fwd_no_grad(
-        self, batch: Batch | Mapping[str, Any], reference_model: bool = False
+        self,
+        batch: Batch | Mapping[str, Any],
+        reference_model: bool = False,
+        adapter: str | None = None,
+        adapter_version: int | None = None,
     ) -> list[list[float]]:
-        """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0)."""
-        if reference_model:
+        """Per-token log-probs of each row's ``input_ids`` (entry 0 is 0.0); LoRA mode:
+        under ``adapter``, and ``reference_model`` is the base (the adapter switched off)."""
+        if reference_model and self._lora is not None:
+            adapter, adapter_version = BASE_ADAPTER, None
+        elif reference_model:
             raise InvalidRequestError(
                 "the log-prob engine serves one set of weights; reference log-probs come "
                 "from the training job (fwd_no_grad with reference_model=True there)"
             )
         clean = Batch.build(batch, limits=self.batch_limits())  # a server's Batch: as it is
-        return [r.log_probs for r in self._run(clean.rows("input_ids"))]
+        with self._serving(adapter, adapter_version):
+            return [r.log_probs for r in self._run(clean.rows("input_ids"))]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy weights (Hugging Face names) into the model in place; collective under ZeRO-3.
 
-        In LoRA mode: exactly the adapter's tensors (peft export names); anything else, or
-        adapter tensors in full mode, is an ``InvalidRequestError`` and nothing is loaded.
+        In LoRA mode: exactly the adapter's tensors (peft export names), kept as the default
+        adapter's next version; anything else, or adapter tensors in full mode, is an
+        ``InvalidRequestError`` and nothing is loaded.
         """
-        module = self._model.module
         if self._lora is not None:
-            ds_model.load_weights(module, ds_lora.checked_adapter(module, weights))
+            self.load_adapter(DEFAULT_ADAPTER, self._next_default_version(), weights)
         else:
-            ds_model.load_weights(module, ds_lora.refuse_adapter(weights))
+            ds_model.load_weights(self._model.module, ds_lora.refuse_adapter(weights))
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """Full CPU tensors under Hugging Face names (collective under ZeRO-3); in LoRA mode
         only the adapter's, under peft's export names."""
         if self._lora is not None:
-            return iter(ds_lora.export(self._model.module).items())
+            with self._serving(None, None):
+                return iter(ds_lora.export(self._model.module).items())
         return ds_model.full_weights(self._model.module)
 
     def weight_norm(self) -> float:

@@ -36,23 +36,22 @@ def lora_of(config: Any) -> LoraConfig | None:
     return None if training is None else training.lora
 
 
-def linear_names(module: Any) -> list[str]:
-    """The distinct last name components of the model's linear layers (what LoRA can target)."""
+def linear_modules(module: Any) -> list[str]:
+    """The full names of the model's linear layers (what LoRA can target)."""
     import torch
 
-    names = {
-        name.rsplit(".", 1)[-1]
-        for name, sub in module.named_modules()
-        if name and isinstance(sub, torch.nn.Linear)
-    }
-    return sorted(names)
+    return [n for n, sub in module.named_modules() if n and isinstance(sub, torch.nn.Linear)]
 
 
 def check_targets(module: Any, lora: LoraConfig) -> None:
-    """Refuse target modules the model has no linear layer for, naming the ones it has."""
-    have = linear_names(module)
-    unknown = [t for t in lora.target_modules if t not in have]
+    """Refuse a target that names no linear layer (peft's rule: the module's name or a
+    dotted suffix of it), naming the layers the model has."""
+    full = linear_modules(module)
+    unknown = [
+        t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in full)
+    ]
     if unknown:
+        have = sorted({n.rsplit(".", 1)[-1] for n in full})
         raise EngineConfigError(
             f"training_config.lora.target_modules {unknown} match no linear layer of this "
             f"model; its linear layers are named {have}"

@@ -25,6 +25,7 @@ from arctic_platform.rl.errors import (  # noqa: E402
     CheckpointError,
     EngineConfigError,
     InvalidRequestError,
+    NotFoundError,
 )
 
 pytestmark = pytest.mark.slow
@@ -234,6 +235,29 @@ def test_the_deepspeed_log_prob_job_serves_the_adapter(
         with pytest.raises(InvalidRequestError, match="26 of its tensors are missing"):
             served.load_weights(list(adapter.items())[:4])
         assert max_weight_diff(weights(served), adapter) == 0.0  # nothing was loaded
+        # Named versions: each call is served by the version it names; None is the newest
+        # default one, "base" the base.
+        doubled = {n: t * 2 if "lora_B" in n else t for n, t in adapter.items()}
+        served.load_adapter("x", 1, adapter.items())
+        report = served.load_adapter("x", 2, doubled.items())
+        assert report["bytes"] == 156_960 and report["weight_version"] == 2
+        assert served.adapters() == {"default": [1], "x": [1, 2]}
+        assert served.fwd_no_grad(batch, adapter="x", adapter_version=1) == trainer
+        assert max_diff(served.fwd_no_grad(batch, adapter="x"), trainer) > 1e-3
+        assert served.fwd_no_grad(batch, adapter="base") == base
+        assert served.fwd_no_grad(batch, reference_model=True) == base
+        prompts, completions = (
+            [r[:3] for r in batch["input_ids"]],
+            [r[3:] for r in batch["input_ids"]],
+        )
+        scored = served.log_probs(prompts, completions, top_k=0, adapter="x", adapter_version=1)
+        assert [s["log_probs"] for s in scored] == [r[3:] for r in trainer]
+        with pytest.raises(NotFoundError, match=r"adapter 'x' has no version 3"):
+            served.fwd_no_grad(batch, adapter="x", adapter_version=3)
+        with pytest.raises(NotFoundError, match=r"adapter 'y' is not loaded"):
+            served.log_probs(prompts, completions, adapter="y")
+        assert served.remove_adapter("x", 1)["adapters"] == {"default": [1], "x": [2]}
+        assert served.fwd_no_grad(batch) == trainer
     finally:
         served.close()
     resumed = log_prob_engine(tiny_model_path, checkpoint_path=str(root))
@@ -303,8 +327,6 @@ def test_zero3_on_two_ranks_exports_the_adapter_of_zero0(
 def test_named_adapters_train_apart_and_checkpoint_one_at_a_time(
     engine: Any, tmp_path: Path
 ) -> None:
-    from arctic_platform.rl.errors import NotFoundError
-
     batch, other = make_batch(0), make_batch(7)
     base = engine.fwd_no_grad(batch, reference_model=True)
     default = weights(engine)
