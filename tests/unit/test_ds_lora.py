@@ -178,3 +178,36 @@ def test_vllm_accepts_the_adapter_config() -> None:
     helper = helper_mod.PEFTHelper.from_dict(cfg)
     helper.validate_legal(lora_config.LoRAConfig(max_lora_rank=8))
     assert helper.vllm_lora_scaling_factor == 2.0
+
+
+def test_export_and_parameter_names_round_trip() -> None:
+    from arctic_rl_engines.ds_adapters import export_name
+
+    param = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    exported = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    assert export_name(param) == exported and ds_lora.param_name(exported) == param
+
+
+def test_served_versions_resolve_like_the_vllm_side() -> None:
+    from arctic_platform.rl.api import NotFoundError
+    from arctic_rl_engines.ds_lora_serving import AdapterServing
+
+    serving = AdapterServing()
+    serving._lora = lora()
+    serving._serving_start()
+    assert serving._resolve(None, None) is None  # nothing synced yet: the base
+    serving._served = {"default": {1: {}, 3: {}}, "x": {2: {}}}
+    assert serving._resolve(None, None) == ("default", 3)
+    assert serving._resolve(None, 1) == ("default", 1)
+    assert serving._resolve("x", None) == ("x", 2)
+    assert serving._resolve("base", None) is None
+    assert serving._next_default_version() == 4
+    with pytest.raises(NotFoundError, match=r"'y' is not loaded; loaded: \{'default': \[1, 3\]"):
+        serving._resolve("y", None)
+    with pytest.raises(NotFoundError, match="has no version 5"):
+        serving._resolve("x", 5)
+    assert serving.remove_adapter("default", 1)["adapters"] == {"default": [3], "x": [2]}
+    serving.remove_adapter("x")
+    assert serving.adapters() == {"default": [3]}
+    with pytest.raises(NotFoundError, match="adapter 'x' is not loaded"):
+        serving.remove_adapter("x")
