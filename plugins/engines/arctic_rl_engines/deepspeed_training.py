@@ -22,7 +22,6 @@ from arctic_platform.rl.api import (
     BatchLimits,
     CheckpointError,
     EngineContext,
-    EngineError,
     InvalidRequestError,
     TrainingEngine,
 )
@@ -32,9 +31,11 @@ from arctic_rl_engines.ds_config import (
     build_optimizer,
     lr_schedule,
     reference_ds_config,
+    reset_optimizer_state,
     set_optimizer_params,
     training_setup,
 )
+from arctic_rl_engines.ds_metrics import add_metrics, gather_rows, reduce_metrics
 from arctic_rl_engines.logprobs import rows_log_probs, token_log_probs
 from arctic_rl_engines.lora_format import adapter_config_dict
 from arctic_rl_engines.microbatch import DUMMY, plan
@@ -269,67 +270,21 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                     for j, i in enumerate(rows):
                         row_log_probs[i] = done[j, : lengths[i]].tolist()
                 if forward_only:
-                    for name, (s, c) in result.metrics.items():
-                        acc = sums.setdefault(name, [0.0, 0.0])
-                        acc[0] = acc[0] + s.detach().to(torch.float64)
-                        acc[1] = acc[1] + torch.as_tensor(c).detach().to(torch.float64)
+                    add_metrics(sums, result.metrics)
                     continue
                 started = self._accumulated = True
                 # DeepSpeed averages gradients over ranks; our shares already sum to the mean.
                 self._engine.backward(result.loss * self._world)
-                for name, (s, c) in result.metrics.items():
-                    acc = sums.setdefault(name, [0.0, 0.0])
-                    acc[0] = acc[0] + s.detach().to(torch.float64)
-                    acc[1] = acc[1] + torch.as_tensor(c).detach().to(torch.float64)
+                add_metrics(sums, result.metrics)
         except Exception:
             if started:
                 self._discard_gradients()
             raise
         metrics: dict[str, Any] = dict(
-            self._reduce_metrics(sums, num_tokens, num_seqs, len(passes))
+            reduce_metrics(sums, num_tokens, num_seqs, len(passes), self._world)
         )
         if return_log_probs:
-            metrics["log_probs"] = self._gather_rows(row_log_probs, len(lengths))
-        return metrics
-
-    def _gather_rows(self, mine: dict[int, list[float]], count: int) -> list[list[float]]:
-        """Every rank's rows (a dict row index -> values) joined in row order on every rank."""
-        import torch.distributed as dist
-
-        rows = dict(mine)
-        if self._world > 1:
-            gathered: list[Any] = [None] * self._world
-            dist.all_gather_object(gathered, mine)
-            for part in gathered:
-                rows.update(part)
-        return [rows[i] for i in range(count)]
-
-    def _reduce_metrics(
-        self, sums: dict[str, list[Any]], num_tokens: float, num_seqs: float, passes: int
-    ) -> dict[str, float]:
-        import torch
-        import torch.distributed as dist
-
-        names = sorted(sums)
-        if self._world > 1:
-            seen: list[Any] = [None] * self._world
-            dist.all_gather_object(seen, names)
-            if any(s != names for s in seen):
-                raise EngineError(f"ranks report different metrics: {seen}")
-        flat = [torch.as_tensor(v, dtype=torch.float64).cpu() for n in names for v in sums[n]]
-        vec = torch.stack(flat) if flat else torch.zeros(0, dtype=torch.float64)
-        if self._world > 1 and vec.numel():
-            dist.all_reduce(vec)
-        values = vec.tolist()
-        metrics: dict[str, float] = {}
-        for i, name in enumerate(names):
-            total, count = values[2 * i], values[2 * i + 1]
-            metrics[f"{name}.sum"] = total
-            metrics[f"{name}.tokens"] = count
-            metrics[name] = total / count if count else 0.0
-        metrics["tokens"] = num_tokens
-        metrics["sequences"] = num_seqs
-        metrics["micro_batches"] = float(passes)
+            metrics["log_probs"] = gather_rows(row_log_probs, len(lengths), self._world)
         return metrics
 
     def _discard_gradients(self) -> None:
@@ -510,10 +465,14 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
         if self._tokenizer is not None:
             self._tokenizer.save_pretrained(str(hf))
 
-    def load_checkpoint(self, path: str, *, adapter: str | None = None) -> int:
+    def load_checkpoint(
+        self, path: str, *, optimizer: bool = True, adapter: str | None = None
+    ) -> int:
         """Restore a checkpoint (``path`` or its newest complete child); returns the step.
 
         Gradients accumulated before the load are discarded (the next ``step`` applies none).
+        ``optimizer=False``: the weights, step and schedule, with AdamW's moments reset (a
+        fresh optimizer, as Tinker's ``load_state``).
         """
         ckpt = ds_checkpoint.find_checkpoint(path)
         meta = ds_checkpoint.read_marker(ckpt)
@@ -538,6 +497,8 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
             raise CheckpointError(f"DeepSpeed found no state in {ckpt}")
         if self._accumulated:
             self._discard_gradients()
+        if not optimizer:
+            reset_optimizer_state(self._engine.optimizer)
         ds_checkpoint.load_rng(ckpt, self._rank)
         return self.global_step
 

@@ -346,3 +346,13 @@ def set_optimizer_params(engine: Any, params: Mapping[str, Any]) -> None:
             engine._config.gradient_clipping = clip
             if hasattr(torch_optimizer, "clip_grad"):
                 torch_optimizer.clip_grad = clip
+
+
+def reset_optimizer_state(optimizer: Any) -> None:
+    """Forget AdamW's moments and step counts: a fresh optimizer on the same parameters.
+
+    DeepSpeed's ZeRO and bf16 optimizers hold the torch one as ``.optimizer`` (over their
+    fp32 partitions); torch's AdamW builds the state again on its next step.
+    """
+    inner = getattr(optimizer, "optimizer", optimizer)
+    inner.state.clear()

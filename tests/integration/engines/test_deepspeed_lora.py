@@ -164,6 +164,11 @@ def test_a_checkpoint_is_the_adapter_and_resumes_exactly(
     resumed = two_steps()
     print("after save vs after load:", straight, resumed)
     assert resumed == pytest.approx(straight, abs=1e-6, rel=0)
+    # Weights only (Tinker's load_state): the same weights, AdamW starting afresh.
+    assert engine.load_checkpoint(str(path), optimizer=False) == STEPS
+    assert max_weight_diff(weights(engine), saved) == 0.0
+    fresh = two_steps()
+    assert fresh[:2] == straight[:2] and abs(fresh[2] - straight[2]) > 1e-4
     # A new job on the same root resumes the newest checkpoint: the base plus the adapter.
     engine.load_checkpoint(str(path))
     again = lora_engine(tiny_model_path, checkpoint_path=str(root))
