@@ -61,9 +61,14 @@ def check_targets(module: Any, lora: LoraConfig) -> None:
 def wrap(module: Any, lora: LoraConfig, seed: int) -> Any:
     """``module`` wrapped by peft with a fresh adapter (``lora_B`` = 0, ``lora_A`` drawn from
     ``lora.seed`` or ``seed``, without moving the caller's RNG); the base frozen."""
-    import peft
     import torch
 
+    try:
+        import peft
+    except ImportError as exc:
+        raise EngineConfigError(
+            f"training_config.lora needs peft (the deepspeed extra installs it): {exc}"
+        ) from exc
     check_targets(module, lora)
     config = peft.LoraConfig(
         r=lora.rank,
