@@ -11,7 +11,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from arctic_platform.rl.api import CheckpointError, EngineConfigError, LoraConfig  # noqa: E402
+from arctic_platform.rl.api import (  # noqa: E402
+    CheckpointError,
+    EngineConfigError,
+    InvalidRequestError,
+    LoraConfig,
+)
 from arctic_rl_engines import ds_lora  # noqa: E402
 from arctic_rl_engines.lora_format import adapter_config_dict  # noqa: E402
 
@@ -115,7 +120,7 @@ def test_adapter_config_is_a_plain_lora_and_keeps_the_scaling_when_padded() -> N
     assert adapter_config_dict(lora(alpha=5, rank=4), 4)["lora_alpha"] == 5
     assert adapter_config_dict(lora(alpha=5, rank=4), 8)["lora_alpha"] == 10
     assert adapter_config_dict(lora(alpha=5, rank=3), 3)["lora_alpha"] == 5
-    with pytest.raises(ValueError, match="below the adapter's rank"):
+    with pytest.raises(InvalidRequestError, match="below the adapter's rank"):
         adapter_config_dict(lora(rank=8), 4)
 
 

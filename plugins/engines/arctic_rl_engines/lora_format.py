@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arctic_platform.rl.api import LoraConfig
+from arctic_platform.rl.api import InvalidRequestError, LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -23,7 +23,7 @@ def adapter_config_dict(
     zero-padded to); alpha is scaled with it so the update stays ``lora.alpha / lora.rank``.
     """
     if rank < lora.rank:
-        raise ValueError(f"rank {rank} is below the adapter's rank {lora.rank}")
+        raise InvalidRequestError(f"rank {rank} is below the adapter's rank {lora.rank}")
     alpha = lora.alpha * rank / lora.rank
     return {
         "peft_type": "LORA",
