@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 
-def run_stage(spec: dict[str, Any], stage: int) -> dict[str, Any]:
-    """Train one engine at ``stage`` and report its metrics, losses and weights."""
+def make_engine(spec: dict[str, Any], stage: int) -> Any:
+    """This rank's training engine at ZeRO ``stage`` (stage 3 partitions every parameter)."""
     from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
     from arctic_platform.rl.interfaces import EngineContext
     from arctic_platform.rl.plugins import get_registry
@@ -33,11 +33,16 @@ def run_stage(spec: dict[str, Any], stage: int) -> dict[str, Any]:
         ds_config={"zero_optimization": zero},
         training_config=TrainingConfig.model_validate(spec["training"]),
     )
-    engine = (
+    return (
         get_registry()
         .get("engine", "deepspeed", role="training")
         .create(config, EngineContext(role="training", rank=rank, world_size=world))
     )
+
+
+def run_stage(spec: dict[str, Any], stage: int) -> dict[str, Any]:
+    """Train one engine at ``stage`` and report its metrics, losses and weights."""
+    engine = make_engine(spec, stage)
     batch = spec["batch"]
     out: dict[str, Any] = {}
     try:
@@ -84,22 +89,7 @@ def run_lora(spec: dict[str, Any], stage: int, out_path: str) -> dict[str, Any]:
 
     from safetensors.torch import save_file
 
-    from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
-    from arctic_platform.rl.interfaces import EngineContext
-    from arctic_platform.rl.plugins import get_registry
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    config = ArcticRLClientConfig(
-        model_name=spec["model_path"],
-        training_gpus=world,
-        ds_config={"zero_optimization": {"stage": stage}},
-        training_config=TrainingConfig.model_validate(spec["training"]),
-    )
-    engine = (
-        get_registry()
-        .get("engine", "deepspeed", role="training")
-        .create(config, EngineContext(role="training", rank=rank, world_size=world))
-    )
+    engine = make_engine(spec, stage)
     ce = {k: v for k, v in spec["batch"].items() if k in ("input_ids", "loss_mask")}
     out: dict[str, Any] = {"losses": []}
     try:
@@ -115,11 +105,9 @@ def run_lora(spec: dict[str, Any], stage: int, out_path: str) -> dict[str, Any]:
         out["warnings"] = [str(w.message) for w in seen if "LoRA" in str(w.message)]
         out["lora_info"] = engine.lora_info()
         out["weight_norm"] = engine.weight_norm()
-        out["local_lora_numel"] = sum(
-            int(getattr(p, "ds_tensor", p).numel())
-            for n, p in engine._engine.module.named_parameters()
-            if ".lora_" in n
-        )
+        lora = [p for n, p in engine._engine.module.named_parameters() if ".lora_" in n]
+        out["local_lora_numel"] = sum(int(getattr(p, "ds_tensor", p).numel()) for p in lora)
+        out["released"] = all(p.numel() == 0 for p in lora)  # outside a gather: empty
         save_file(adapter, f"{out_path}.zero{stage}.safetensors")
     finally:
         engine.close()

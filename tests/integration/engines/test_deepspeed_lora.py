@@ -308,7 +308,10 @@ def test_zero3_on_two_ranks_exports_the_adapter_of_zero0(
         assert max_weight_diff(exported[0, int(stage)], exported[1, int(stage)]) == 0.0
         saved = load_file(str(Path(r0["checkpoint"]) / "adapter" / "adapter_model.safetensors"))
         assert max_weight_diff(saved, exported[0, int(stage)]) == 0.0
-    assert all(r["3"]["local_lora_numel"] <= 39_240 / 2 + 64 for r in ranks)  # sharded
+    # ZeRO-3 shards the adapter and empties it between uses: an ungathered export would be
+    # the empty tensors peft warns about.
+    assert all(r["3"]["local_lora_numel"] <= 39_240 / 2 + 64 and r["3"]["released"] for r in ranks)
+    assert not any(r["0"]["released"] for r in ranks)
     sharded = max_weight_diff(exported[0, 3], exported[0, 0])
     print(f"adapter after {STEPS} steps, 2 ranks, ZeRO-3 vs ZeRO-0: max |diff| = {sharded:.2e}")
     assert sharded <= 1e-6
