@@ -441,7 +441,9 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                         "dtype": self.setup.dtype,
                         "model_name": self.config.model_name,
                         "reference_source": self._reference_source,
-                        **ds_lora.marker_fields(self._lora, self._reference_source),
+                        **ds_lora.marker_fields(
+                            self._lora, self._reference_source, (self.adapters() or [None])[0]
+                        ),
                     },
                 )
                 ds_checkpoint.publish(tmp, final)

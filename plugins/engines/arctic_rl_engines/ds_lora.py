@@ -198,11 +198,14 @@ def load_adapter(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-def marker_fields(lora: LoraConfig | None, base_model: str) -> dict[str, Any]:
-    """What a checkpoint's marker records about the mode: the LoRA settings and the base."""
+def marker_fields(
+    lora: LoraConfig | None, base_model: str, adapter: str | None = None
+) -> dict[str, Any]:
+    """What a checkpoint's marker records about the mode: the LoRA settings, the base and
+    which adapter the checkpoint holds."""
     if lora is None:
         return {"lora": None}
-    return {"lora": lora.model_dump(mode="json"), "base_model": base_model}
+    return {"lora": lora.model_dump(mode="json"), "base_model": base_model, "adapter": adapter}
 
 
 def _signature(settings: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -142,6 +142,7 @@ def test_a_checkpoint_is_the_adapter_and_resumes_exactly(
     assert size < 2_000_000
     marker = json.loads((path / "arctic_rl_checkpoint.json").read_text())
     assert marker["lora"]["rank"] == 8 and marker["base_model"] == tiny_model_path
+    assert marker["adapter"] == "default"
     from safetensors.torch import load_file
 
     saved = weights(engine)
@@ -366,7 +367,8 @@ def test_named_adapters_train_apart_and_checkpoint_one_at_a_time(
     assert max_weight_diff(dict(engine.named_weights(adapter="default")), default) > 0
     # A checkpoint holds one adapter; loading it into another makes that one its copy.
     path = engine.save_checkpoint(str(tmp_path), adapter="b")
-    assert json.loads((Path(path) / "arctic_rl_checkpoint.json").read_text())["global_step"] == 2
+    marker = json.loads((Path(path) / "arctic_rl_checkpoint.json").read_text())
+    assert marker["global_step"] == 2 and marker["adapter"] == "b"
     train("c", other)
     assert engine.load_checkpoint(path, adapter="c") == 2
     assert max_weight_diff(weights(engine), dict(engine.named_weights(adapter="b"))) == 0.0
