@@ -259,3 +259,17 @@ def test_only_web_imports_fastapi_starlette_uvicorn_or_httpx_in_core():
 def test_no_core_module_imports_testing():
     others = [p for p in _sources(CORE) if p != CORE / "testing.py"]
     assert not (broken := _broken(others, _core("testing"))), "\n".join(broken)
+
+
+def test_test_file_names_are_unique() -> None:
+    """pytest imports test files by base name (rootdir mode, no packages): two files of one name
+    in different folders stop the whole collection ("import file mismatch")."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(REPO)} and {path.relative_to(REPO)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files share a name: " + "; ".join(clashes)
