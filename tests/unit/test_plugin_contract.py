@@ -327,6 +327,8 @@ def _payloads(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
         "save_checkpoint": {"job_id": t, "tag": "contract"},
         "load_checkpoint": {"job_id": t},
         "empty_training_cache": {"job_id": t},
+        "add_adapter": {"job_id": t, "adapter": "second", "seed": 3},
+        "remove_adapter": {"job_id": s, "adapter": "second"},
         "generate": {"job_id": s, "prompts": ["1 + 1 ="], "sampling_params": {"max_tokens": 2}},
         "log_probs": {"job_id": lp, "prompts": [[1, 2]], "completions": [[3]]},
         "sync_weights": {"training_job_id": t, "sampling_job_ids": [s], "log_prob_job_ids": [lp]},

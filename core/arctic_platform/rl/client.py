@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.errors import JobError, JobStateError, TransportError
+from arctic_platform.rl.errors import JobError, JobStateError, NotFoundError, TransportError
 from arctic_platform.rl.interfaces import Backend, ClientTransport
 
 logger = logging.getLogger(__name__)
@@ -200,6 +200,7 @@ class ArcticRLClient:
         *,
         return_log_probs: bool = False,
         forward_only: bool = False,
+        adapter: str | None = None,
     ) -> dict[str, Any]:
         """Forward/backward on the training job; metrics (``loss``, ``tokens``, ...).
 
@@ -211,6 +212,7 @@ class ArcticRLClient:
         client's own retries) returns the first result and applies no second gradient, also
         after ``serve --resume``; one whose gradient a restore to an earlier checkpoint undid
         is a ``ServerError`` with code ``rolled_back`` (docs/http-api.md, Faults).
+        ``adapter``: in a LoRA run, the named adapter (``add_adapter``) it trains.
         """
         payload = {
             "job_id": self._job("training"),
@@ -222,14 +224,20 @@ class ArcticRLClient:
         if return_log_probs or forward_only:
             payload["return_log_probs"] = return_log_probs
             payload["forward_only"] = forward_only
+        payload.update(_adapter_fields(adapter, None))
         return dict(self._call_retrying("fwd_bwd", payload))
 
     def fwd_no_grad(
-        self, batch: dict[str, Any], reference_model: bool = False
+        self, batch: dict[str, Any], reference_model: bool = False, *, adapter: str | None = None
     ) -> list[list[float]]:
-        """Per-token log-probs from the training model (or its frozen reference copy)."""
+        """Per-token log-probs from the training model (or its frozen reference copy; in a
+        LoRA run of named ``adapter``)."""
         answer = self._call_job(
-            "fwd_no_grad", "training", batch=batch, reference_model=reference_model
+            "fwd_no_grad",
+            "training",
+            batch=batch,
+            reference_model=reference_model,
+            **_adapter_fields(adapter, None),
         )
         return list(answer["log_probs"])
 
@@ -243,6 +251,7 @@ class ArcticRLClient:
         eps: float | None = None,
         weight_decay: float | None = None,
         grad_clip_norm: float | None = None,
+        adapter: str | None = None,
     ) -> dict[str, Any]:
         """One optimizer step: ``global_step``, ``lr``, ``grad_norm``, ``applied`` (False: no
         gradient was accumulated since the last step or load, and nothing changed).
@@ -250,7 +259,8 @@ class ArcticRLClient:
         AdamW's ``beta1``, ``beta2``, ``eps``, ``weight_decay`` and ``grad_clip_norm`` (0: no
         clipping), when given, hold from this step on. Repeating it with the same
         ``request_id`` returns the first result without a second step (or code
-        ``rolled_back`` when a restore to an earlier checkpoint undid that step).
+        ``rolled_back`` when a restore to an earlier checkpoint undid that step). ``adapter``:
+        in a LoRA run, the named adapter it steps (each has its own optimizer state and step).
         """
         payload: dict[str, Any] = {
             "job_id": self._job("training"),
@@ -265,16 +275,49 @@ class ArcticRLClient:
             "grad_clip_norm": grad_clip_norm,
         }
         payload.update({k: v for k, v in adam.items() if v is not None})
+        payload.update(_adapter_fields(adapter, None))
         return dict(self._call_retrying("step", payload))
 
-    def save_checkpoint(self, tag: str | None = None) -> str:
-        """Save the full training state; returns the checkpoint path."""
-        return str(self._call_job("save_checkpoint", "training", tag=tag)["path"])
+    def save_checkpoint(self, tag: str | None = None, *, adapter: str | None = None) -> str:
+        """Save the full training state (in a LoRA run: of ``adapter``); returns its path."""
+        named = _adapter_fields(adapter, None)
+        return str(self._call_job("save_checkpoint", "training", tag=tag, **named)["path"])
 
-    def load_checkpoint(self, path: str | None = None, step: int | None = None) -> int:
-        """Load a checkpoint (by path, by step, or the latest); returns the global step."""
-        answer = self._call_job("load_checkpoint", "training", path=path, step=step)
+    def load_checkpoint(
+        self,
+        path: str | None = None,
+        step: int | None = None,
+        *,
+        optimizer: bool = True,
+        adapter: str | None = None,
+    ) -> int:
+        """Load a checkpoint (by path, by step, or the latest); returns the global step.
+
+        ``optimizer=False`` restores the weights with a fresh optimizer; ``adapter`` (LoRA)
+        is the named adapter it loads into."""
+        fields: dict[str, Any] = {"path": path, "step": step, **_adapter_fields(adapter, None)}
+        if not optimizer:
+            fields["optimizer"] = False
+        answer = self._call_job("load_checkpoint", "training", **fields)
         return int(answer["global_step"])
+
+    def add_adapter(self, adapter: str, seed: int | None = None) -> list[str]:
+        """A LoRA run: one more named adapter in the training job (it starts as the base, with
+        its own optimizer state); returns the adapters the job trains."""
+        answer = self._call_job("add_adapter", "training", adapter=adapter, seed=seed)
+        return list(answer["adapters"])
+
+    def remove_adapter(self, adapter: str) -> None:
+        """A LoRA run: forget a named adapter in the training job and stop serving its
+        versions in the sampling and log-prob jobs (those that have it)."""
+        for job_type in ("training", "sampling", "log_prob"):
+            if self.job_ids.get(job_type) is None:
+                continue
+            try:
+                self._call_job("remove_adapter", job_type, adapter=adapter)
+            except NotFoundError:
+                if job_type == "training":
+                    raise
 
     def empty_training_cache(self) -> None:
         """Release cached device memory on the training ranks."""
@@ -330,14 +373,19 @@ class ArcticRLClient:
         )
 
     def sync_weights(
-        self, strategy: str = "drain", *, adapter: str | None = None
+        self,
+        strategy: str = "drain",
+        *,
+        adapter: str | None = None,
+        training_adapter: str | None = None,
     ) -> dict[str, Any]:
         """Copy the training weights into the sampling and log-prob jobs.
 
         ``strategy``: how the targets swap while requests are in flight (``"drain"``). In a
         LoRA run only the adapter moves, loaded as ``adapter`` (default: the run's adapter)
         at a new version, with no drain; the answer has ``weight_version``, ``adapter`` and
-        ``bytes`` (the bytes moved)."""
+        ``bytes`` (the bytes moved). ``training_adapter`` names the trainer's adapter to send
+        (default: the one it worked on last); ``adapter`` defaults to it."""
         payload: dict[str, Any] = {
             "training_job_id": self._job("training"),
             "sampling_job_ids": [j for j in [self.job_ids["sampling"]] if j is not None],
@@ -346,6 +394,8 @@ class ArcticRLClient:
         }
         if adapter is not None:
             payload["adapter"] = adapter
+        if training_adapter is not None:
+            payload["training_adapter"] = training_adapter
         return dict(self.transport.call("sync_weights", payload))
 
     def weight_norm(self) -> dict[str, float]:
@@ -503,6 +553,8 @@ class AsyncArcticRLClient:
     save_checkpoint = _to_thread(ArcticRLClient.save_checkpoint)
     load_checkpoint = _to_thread(ArcticRLClient.load_checkpoint)
     empty_training_cache = _to_thread(ArcticRLClient.empty_training_cache)
+    add_adapter = _to_thread(ArcticRLClient.add_adapter)
+    remove_adapter = _to_thread(ArcticRLClient.remove_adapter)
     weight_norm = _to_thread(ArcticRLClient.weight_norm)
     reset_prefix_cache = _to_thread(ArcticRLClient.reset_prefix_cache)
     sleep_inference = _to_thread(ArcticRLClient.sleep_inference)

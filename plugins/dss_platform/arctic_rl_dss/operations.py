@@ -36,6 +36,8 @@ class OperationsMixin:
             "weight-norm": self._op_weight_norm,
             "reset-prefix-cache": self._op_simple("reset_prefix_cache", None),
             "empty-training-cache": self._op_simple("empty_training_cache", "training"),
+            "add-adapter": self._op_adapter("add_adapter", "training"),
+            "remove-adapter": self._op_adapter("remove_adapter", None),
             "sleep": self._op_memory("sleep"),
             "wake": self._op_memory("wake"),
             "cancel-request": self._op_cancel_request,
@@ -146,6 +148,19 @@ class OperationsMixin:
             if name == "reset_prefix_cache" and sub.job_type == "training":
                 raise InvalidRequestError("reset-prefix-cache is for sampling or log_probability")
             return {"result": self.rl.handle(name, {"job_id": sub.engine_id})}
+
+        return handler
+
+    def _op_adapter(
+        self, name: str, job_type: str | None
+    ) -> Callable[[str, str, OperationBody], dict[str, Any]]:
+        """Add (training) or remove (any LoRA sub-job) the adapter the payload names."""
+
+        def handler(user: str, job_id: str, body: OperationBody) -> dict[str, Any]:
+            _, sub = self._target(user, job_id, body, job_type, name)
+            fields = ("adapter", "seed") if name == "add_adapter" else ("adapter",)
+            payload = {k: body.payload[k] for k in fields if k in body.payload}
+            return {"result": self.rl.handle(name, {"job_id": sub.engine_id, **payload})}
 
         return handler
 

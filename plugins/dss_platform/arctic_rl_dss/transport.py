@@ -539,6 +539,14 @@ class DssTransport(ClientTransport):
     def _op_empty_training_cache(self, payload: dict[str, Any]) -> Any:
         return self._simple("empty-training-cache")(payload)
 
+    def _op_add_adapter(self, payload: dict[str, Any]) -> Any:
+        fields = {k: payload[k] for k in ("adapter", "seed") if k in payload}
+        return self._operation(self._sub(payload["job_id"]), "add-adapter", fields)
+
+    def _op_remove_adapter(self, payload: dict[str, Any]) -> Any:
+        fields = {"adapter": payload["adapter"]}
+        return self._operation(self._sub(payload["job_id"]), "remove-adapter", fields)
+
     def _sleep(self, payload: dict[str, Any]) -> Any:
         return self._simple("sleep")(payload)
 

@@ -146,3 +146,111 @@ def test_requests_take_an_adapter_and_a_version_and_pass_only_those_set():
     for bad in ({"adapter": "a/b"}, {"adapter": ""}, {"adapter": "../x"}, {"adapter_version": -1}):
         with pytest.raises(ValidationError):
             wire.GenerateRequest(job_id=2, prompts=["x"], **bad)
+
+
+class _Method:
+    """A Ray actor method stand-in: ``.remote(...)`` returns ``(name, args, kwargs)``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        return (self.name, args, kwargs)
+
+
+class _Worker:
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(name)
+
+
+def _answering(ops: WeightSyncOps, receive: Any, calls: list[Any]) -> None:
+    """Make ``ops.jobs.call`` answer the fake workers' refs; ``receive(kwargs)`` answers a
+    ``sync_receive`` (or raises)."""
+
+    def call(job: Job, refs: list[Any], what: str, timeout: float | None = None) -> list[Any]:
+        out = []
+        for name, _, kwargs in refs:
+            calls.append((name, kwargs))
+            if name == "free_port_range":
+                out.append(40000)
+            elif name == "accepts_adapters":
+                out.append(True)
+            elif name == "sync_send":
+                out.append({"bytes": 160})
+            else:
+                out.append(receive(kwargs))
+        return out
+
+    ops.jobs.call = call  # type: ignore[method-assign]
+
+
+def _lora_pair(tmp_path: Path) -> tuple[WeightSyncOps, Job, Job]:
+    trainer, sampler = _job(1, "training", LORA), _job(2, "sampling", LORA)
+    trainer.workers, sampler.workers = [_Worker()], [_Worker()]
+    return _ops(tmp_path, trainer, sampler), trainer, sampler
+
+
+def test_an_adapter_sync_counts_versions_per_adapter_and_answers_tensor_bytes(tmp_path):
+    ops, _, sampler = _lora_pair(tmp_path)
+    calls: list[Any] = []
+    _answering(ops, lambda kw: {"bytes": 192, "tensor_bytes": 150, "swap": {}}, calls)
+    first = ops.sync(_sync())
+    assert (first["adapter"], first["weight_version"], first["strategy"]) == (
+        "default",
+        1,
+        "adapter",
+    )
+    assert first["bytes"] == 150 and first["wire_bytes"] == 192
+    receive = next(kw for name, kw in calls if name == "sync_receive")
+    assert receive["adapter"] == "default"
+    assert receive["lora"]["rank"] == 8 and "lm_head" in receive["lora"]["target_modules"]
+    other = ops.sync(_sync(adapter="t2"))
+    assert other["weight_version"] == 1 and ops.sync(_sync())["weight_version"] == 2
+    assert sampler.adapter_versions == {"default": 2, "t2": 1} and sampler.weight_version == 2
+
+
+def test_an_engine_refusal_in_the_receive_is_its_own_4xx_and_the_pair_worlds_are_forgotten(
+    tmp_path,
+):
+    ops, trainer, sampler = _lora_pair(tmp_path)
+
+    def refuse(kwargs: dict[str, Any]) -> Any:
+        raise InvalidRequestError("vLLM refused adapter 'default' version 1")
+
+    _answering(ops, refuse, [])
+    with pytest.raises(InvalidRequestError, match="vLLM refused adapter"):
+        ops.sync(_sync())
+    assert trainer.job_id not in ops._kept  # the next sync builds new pair worlds
+    assert sampler.adapter_versions == {} and sampler.weight_version == 0
+    assert not trainer.lock._is_owned() and not sampler.lock._is_owned()  # type: ignore[attr-defined]
+
+
+def test_a_named_training_adapter_is_sent_and_loaded_under_its_own_name(tmp_path):
+    ops, _, sampler = _lora_pair(tmp_path)
+    calls: list[Any] = []
+    _answering(ops, lambda kw: {"bytes": 192, "tensor_bytes": 150, "swap": {}}, calls)
+    synced = ops.sync(_sync(training_adapter="model-2"))
+    assert synced["adapter"] == "model-2" and synced["weight_version"] == 1
+    send = next(kw for name, kw in calls if name == "sync_send")
+    receive = next(kw for name, kw in calls if name == "sync_receive")
+    assert send["adapter"] == "model-2" and receive["adapter"] == "model-2"
+    calls.clear()
+    ops.sync(_sync())  # no name: the trainer sends the adapter it worked on last
+    assert "adapter" not in next(kw for name, kw in calls if name == "sync_send")
+    assert sampler.adapter_versions == {"model-2": 1, "default": 1}
+
+
+def test_training_requests_name_an_adapter_and_a_weights_only_load():
+    fields = {"job_id": 1, "adapter": "m1"}
+    assert wire.StepRequest(**fields).adapter_kwargs() == {"adapter": "m1"}
+    assert wire.StepRequest(job_id=1).adapter_kwargs() == {}
+    load = wire.LoadCheckpointRequest(**fields, optimizer=False)
+    assert load.optimizer is False and wire.LoadCheckpointRequest(job_id=1).optimizer
+    assert wire.AddAdapterRequest(**fields, seed=4).seed == 4
+    for bad in ({"adapter": "a/b"}, {"adapter": ""}, {}):
+        with pytest.raises(ValidationError):
+            wire.AddAdapterRequest(job_id=1, **bad)
+        with pytest.raises(ValidationError):
+            wire.RemoveAdapterRequest(job_id=1, **bad)
+    with pytest.raises(ValidationError):
+        wire.SaveCheckpointRequest(job_id=1, adapter="../x")

@@ -331,9 +331,9 @@ class RLServer:
             if (replayed := self._replayed(job, key)) is not None:
                 return replayed
             base_step = job.global_step
-            options = {}
+            options = request.adapter_kwargs()
             if request.return_log_probs or request.forward_only:
-                options = {
+                options |= {
                     "return_log_probs": request.return_log_probs,
                     "forward_only": request.forward_only,
                 }
@@ -360,12 +360,19 @@ class RLServer:
         with job.lock:
             if job.job_type == "training":
                 shared = self._shared(batch)
-                results = self._all_ranks(job, "fwd_no_grad", shared, request.reference_model)
+                named = request.adapter_kwargs()
+                results = self._all_ranks(
+                    job, "fwd_no_grad", shared, request.reference_model, **named
+                )
                 return {"log_probs": results[0]}
             rows = list(range(batch.num_rows))
             return {
                 "log_probs": self._spread(
-                    job, "fwd_no_grad", rows, lambda part: (batch.select(part),)
+                    job,
+                    "fwd_no_grad",
+                    rows,
+                    lambda part: (batch.select(part),),
+                    request.adapter_kwargs(),
                 )
             }
 
@@ -379,7 +386,7 @@ class RLServer:
             base_step = job.global_step
             adam = request.optimizer_params()
             args = (request.learning_rate, adam) if adam else (request.learning_rate,)
-            results = self._all_ranks(job, "step", *args)
+            results = self._all_ranks(job, "step", *args, **request.adapter_kwargs())
             result = dict(results[0])
             job.global_step = int(result.get("global_step", job.global_step + 1))
             self._remember(job, key, base_step, result)
@@ -401,7 +408,9 @@ class RLServer:
         root = self.checkpoint_root(job)
         with job.lock:
             self._settle(job)
-            paths = self._all_ranks(job, "save_checkpoint", str(root), request.tag)
+            paths = self._all_ranks(
+                job, "save_checkpoint", str(root), request.tag, **request.adapter_kwargs()
+            )
             step = self.jobs.call(job, [job.workers[0].global_step.remote()], "save_checkpoint")[0]
             record_checkpoint(job, int(step), str(paths[0]))
             job.latest_checkpoint = str(paths[0])
@@ -423,7 +432,10 @@ class RLServer:
             else:
                 target = load_target(self.run_dir, job, request.step)
             try:
-                steps = self._all_ranks(job, "load_checkpoint", str(target))
+                options = request.adapter_kwargs()
+                if not request.optimizer:  # only when asked: engines before it lack the keyword
+                    options["optimizer"] = False
+                steps = self._all_ranks(job, "load_checkpoint", str(target), **options)
             except CheckpointNotFoundError as exc:
                 if explicit is not None:
                     raise
@@ -441,6 +453,23 @@ class RLServer:
                     f"complete copy and job {job.job_id} is at step {restored} now"
                 )
             return {"global_step": restored, "path": str(target)}
+
+    def add_adapter(self, request: wire.AddAdapterRequest) -> dict[str, Any]:
+        """A new named LoRA adapter on every rank of a training job (``adapters`` listed)."""
+        job = self.jobs.running(request.job_id, "training")
+        with job.lock:
+            return dict(self._all_ranks(job, "add_adapter", request.adapter, request.seed)[0])
+
+    def remove_adapter(self, request: wire.RemoveAdapterRequest) -> dict[str, Any]:
+        """Drop a named adapter from a training job, or every version of it a sampling or
+        log-prob job serves (its version count starts again)."""
+        job = self.jobs.get(request.job_id)
+        job = self.jobs.running(request.job_id, job.job_type)
+        with job.lock:
+            result = dict(self._all_ranks(job, "remove_adapter", request.adapter)[0])
+            if job.adapter_versions.pop(request.adapter, None) is not None:
+                job.changed()
+            return result
 
     def empty_training_cache(self, request: wire.JobRequest) -> dict[str, Any]:
         """Release cached allocator memory on the training ranks."""

@@ -98,8 +98,10 @@ class WeightSyncOps:
         targets += [self.jobs.running(j, "log_prob") for j in request.log_prob_job_ids]
         if not targets:
             raise InvalidRequestError("sync_weights needs at least one sampling or log-prob job")
-        lora = self._check_modes(trainer, targets, request.adapter)
-        adapter = (request.adapter or DEFAULT_ADAPTER) if lora is not None else None
+        source = getattr(request, "training_adapter", None)
+        lora = self._check_modes(trainer, targets, request.adapter or source)
+        adapter = (request.adapter or source or DEFAULT_ADAPTER) if lora is not None else None
+        send_args = {} if source is None else {"adapter": source}
         replicas = [(job, worker) for job in targets for worker in job.workers]
         if lora is not None:
             self._check_adapter_loading(targets)
@@ -141,7 +143,9 @@ class WeightSyncOps:
                 data = sync.model_dump()
                 senders = {rank: trainer.node_of(rank) for rank in range(len(trainer.workers))}
                 send = [
-                    w.sync_send.remote(data, version, self.timeout, shared_memory, secret)
+                    w.sync_send.remote(
+                        data, version, self.timeout, shared_memory, secret, **send_args
+                    )
                     for w in trainer.workers
                 ]
                 receive = [
@@ -176,11 +180,14 @@ class WeightSyncOps:
                 for job in targets:
                     job.lock.release()
         seconds = time.monotonic() - started
-        nbytes = sum(int(r["bytes"]) for r in reports)
+        # the tensors' own bytes, every target's; the buckets add alignment padding on the wire
+        nbytes = sum(int(r.get("tensor_bytes", r["bytes"])) for r in reports)
+        wire_bytes = sum(int(r["bytes"]) for r in reports)
         return {
             "weight_version": version,
             "adapter": adapter,
             "bytes": nbytes,
+            "wire_bytes": wire_bytes,
             "seconds": seconds,
             "bandwidth_gbps": nbytes / seconds / 1e9 if seconds > 0 else None,
             "path": "shared_memory" if shared_memory else "process_group",

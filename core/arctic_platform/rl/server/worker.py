@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 ADAPTER_METHODS = ("adapters", "remove_adapter")
-"""What a LoRA sampling or log-prob engine lists and drops; adapters load by weight sync."""
+"""What a LoRA engine lists and drops (a training engine also adds them; a sampling or log-prob
+engine loads them by weight sync)."""
 
 ALLOWED_METHODS: dict[str, frozenset[str]] = {
     "training": frozenset(
@@ -27,6 +28,8 @@ ALLOWED_METHODS: dict[str, frozenset[str]] = {
             "wake",
             "empty_cache",
             "lora_info",
+            "add_adapter",
+            *ADAPTER_METHODS,
         }
     ),
     "sampling": frozenset(
@@ -178,8 +181,10 @@ class EngineWorker:
         timeout: float,
         shared_memory: bool,
         secret: str | None = None,
+        adapter: str | None = None,
     ) -> dict[str, Any]:
-        """Send this rank's weights to its targets (every rank joins the gather).
+        """Send this rank's weights (LoRA: named ``adapter``'s, default the live one) to its
+        targets (every rank joins the gather).
 
         Pair stores listen on this node's address; receivers must prove ``secret``."""
         from arctic_platform.rl.config import WeightSyncConfig
@@ -196,7 +201,9 @@ class EngineWorker:
             secret=secret,
         )
         with self._lock:
-            report = coordinator.send(self.rank, self.engine.named_weights(), version=version)
+            named = {} if adapter is None else {"adapter": adapter}
+            weights = self.engine.named_weights(**named)
+            report = coordinator.send(self.rank, weights, version=version)
         return report.as_dict()
 
     def sync_receive(
@@ -251,8 +258,9 @@ class EngineWorker:
             with self._lock:  # waits for the call in flight, then swaps
                 self.engine.load_weights(received)
             swapped = {"strategy": strategy, "weight_version": version}
+        tensor_bytes = sum(t.numel() * t.element_size() for _, t in received)
         del received
-        return {**report.as_dict(), "swap": swapped}
+        return {**report.as_dict(), "tensor_bytes": tensor_bytes, "swap": swapped}
 
     def _sync_caches(self) -> tuple[Any, Any]:
         """The pair worlds and buffers this worker keeps between weight syncs."""

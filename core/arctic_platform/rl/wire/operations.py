@@ -46,6 +46,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("step", "/step", wire.StepRequest),
     Operation("save_checkpoint", "/save-checkpoint", wire.SaveCheckpointRequest),
     Operation("load_checkpoint", "/load-checkpoint", wire.LoadCheckpointRequest),
+    Operation("add_adapter", "/add-adapter", wire.AddAdapterRequest),
+    Operation("remove_adapter", "/remove-adapter", wire.RemoveAdapterRequest),
     Operation("empty_training_cache", "/empty-training-cache", wire.JobRequest, idempotent=True),
     Operation("generate", "/generate", wire.GenerateRequest, frames=True),
     Operation("log_probs", "/log-probs", wire.LogProbsRequest, idempotent=True, frames=True),

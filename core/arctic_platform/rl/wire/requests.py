@@ -85,68 +85,6 @@ class GetJobRequest(JobRequest):
     )
 
 
-class FwdBwdRequest(JobRequest):
-    """Forward/backward of ``loss_fn`` over ``batch``; ``request_id`` makes a retry safe."""
-
-    batch: BatchField
-    loss_fn: str = "grpo"
-    loss_config: dict[str, Any] | None = None
-    request_id: str | None = Field(default=None, max_length=128)
-    return_log_probs: bool = Field(
-        default=False, description="Also answer each row's per-token log-probs (log_probs)."
-    )
-    forward_only: bool = Field(
-        default=False, description="Compute the loss and outputs without any gradient."
-    )
-
-
-class FwdNoGradRequest(JobRequest):
-    """Per-token log-probs of ``batch`` from the training (or reference) model."""
-
-    batch: BatchField
-    reference_model: bool = False
-
-
-class StepRequest(JobRequest):
-    """One optimizer step, optionally at ``learning_rate`` and with new AdamW settings."""
-
-    learning_rate: float | None = Field(default=None, gt=0)
-    request_id: str | None = Field(default=None, max_length=128)
-    beta1: float | None = Field(default=None, ge=0, lt=1, description="AdamW beta1 from now on.")
-    beta2: float | None = Field(default=None, ge=0, lt=1, description="AdamW beta2 from now on.")
-    eps: float | None = Field(default=None, gt=0, description="AdamW epsilon from now on.")
-    weight_decay: float | None = Field(
-        default=None, ge=0, description="Decoupled weight decay from now on."
-    )
-    grad_clip_norm: float | None = Field(
-        default=None, ge=0, description="Max global gradient norm from now on; 0 disables it."
-    )
-
-    def optimizer_params(self) -> dict[str, float]:
-        """The AdamW settings this step changes (only those given)."""
-        names = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
-        return {n: float(getattr(self, n)) for n in names if getattr(self, n) is not None}
-
-
-class SaveCheckpointRequest(JobRequest):
-    """Save the training state under the job's checkpoint root as ``tag``."""
-
-    tag: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=200,
-        pattern=CHECKPOINT_TAG_PATTERN,
-        description="One directory name: no '/' or '\\', not starting with '.'.",
-    )
-
-
-class LoadCheckpointRequest(JobRequest):
-    """Load a checkpoint by ``path`` (inside the checkpoint root), ``step``, or the latest."""
-
-    path: str | None = None
-    step: int | None = Field(default=None, ge=0)
-
-
 ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 """An adapter name: letters, digits, ``_``, ``-`` and ``.`` (not first); ``base`` = no adapter."""
 
@@ -173,6 +111,102 @@ _SERVE_ADAPTER = (
     "A LoRA job's adapter to serve ('base': the base model without any adapter; default: "
     "the job's default adapter at its latest version, or the base before any adapter sync)."
 )
+
+
+class TrainingAdapterRequest(JobRequest):
+    """An operation on a training job that may name one of its LoRA adapters."""
+
+    adapter: str | None = _adapter_field(
+        "LoRA training jobs only: the named adapter to work on (add_adapter makes more than "
+        "the default one; default: the adapter the job worked on last)."
+    )
+
+    def adapter_kwargs(self) -> dict[str, Any]:
+        """``adapter`` as an engine keyword when set."""
+        return {} if self.adapter is None else {"adapter": self.adapter}
+
+
+class FwdBwdRequest(TrainingAdapterRequest):
+    """Forward/backward of ``loss_fn`` over ``batch``; ``request_id`` makes a retry safe."""
+
+    batch: BatchField
+    loss_fn: str = "grpo"
+    loss_config: dict[str, Any] | None = None
+    request_id: str | None = Field(default=None, max_length=128)
+    return_log_probs: bool = Field(
+        default=False, description="Also answer each row's per-token log-probs (log_probs)."
+    )
+    forward_only: bool = Field(
+        default=False, description="Compute the loss and outputs without any gradient."
+    )
+
+
+class FwdNoGradRequest(TrainingAdapterRequest):
+    """Per-token log-probs of ``batch`` from the training (or reference) model."""
+
+    batch: BatchField
+    reference_model: bool = False
+
+
+class StepRequest(TrainingAdapterRequest):
+    """One optimizer step, optionally at ``learning_rate`` and with new AdamW settings."""
+
+    learning_rate: float | None = Field(default=None, gt=0)
+    request_id: str | None = Field(default=None, max_length=128)
+    beta1: float | None = Field(default=None, ge=0, lt=1, description="AdamW beta1 from now on.")
+    beta2: float | None = Field(default=None, ge=0, lt=1, description="AdamW beta2 from now on.")
+    eps: float | None = Field(default=None, gt=0, description="AdamW epsilon from now on.")
+    weight_decay: float | None = Field(
+        default=None, ge=0, description="Decoupled weight decay from now on."
+    )
+    grad_clip_norm: float | None = Field(
+        default=None, ge=0, description="Max global gradient norm from now on; 0 disables it."
+    )
+
+    def optimizer_params(self) -> dict[str, float]:
+        """The AdamW settings this step changes (only those given)."""
+        names = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+        return {n: float(getattr(self, n)) for n in names if getattr(self, n) is not None}
+
+
+class SaveCheckpointRequest(TrainingAdapterRequest):
+    """Save the training state under the job's checkpoint root as ``tag``."""
+
+    tag: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=CHECKPOINT_TAG_PATTERN,
+        description="One directory name: no '/' or '\\', not starting with '.'.",
+    )
+
+
+class LoadCheckpointRequest(TrainingAdapterRequest):
+    """Load a checkpoint by ``path`` (inside the checkpoint root), ``step``, or the latest."""
+
+    path: str | None = None
+    step: int | None = Field(default=None, ge=0)
+    optimizer: bool = Field(
+        default=True,
+        description="Also restore the optimizer state; false: the weights, step and schedule "
+        "with fresh AdamW moments.",
+    )
+
+
+class AddAdapterRequest(JobRequest):
+    """Add a named LoRA adapter to a training job: fresh weights and optimizer state."""
+
+    adapter: str = Field(min_length=1, max_length=128, pattern=ADAPTER_NAME_PATTERN)
+    seed: int | None = Field(
+        default=None, ge=0, description="Draws lora_A (default: the job's lora.seed or seed)."
+    )
+
+
+class RemoveAdapterRequest(JobRequest):
+    """Drop a named LoRA adapter: from a training job, or every version a sampling or log-prob
+    job serves."""
+
+    adapter: str = Field(min_length=1, max_length=128, pattern=ADAPTER_NAME_PATTERN)
 
 
 class AdapterRequest(JobRequest):
@@ -225,7 +259,11 @@ class SyncWeightsRequest(_Request):
     )
     adapter: str | None = _adapter_field(
         "LoRA jobs only: the adapter name the targets load the trainer's adapter under "
-        "(default: the default adapter); its version goes up by one."
+        "(default: training_adapter, else the default adapter); its version goes up by one."
+    )
+    training_adapter: str | None = _adapter_field(
+        "LoRA jobs only: the training job's named adapter to send (default: the one it "
+        "worked on last)."
     )
 
     _distinct_ids = field_validator("sampling_job_ids", "log_prob_job_ids")(_distinct)
@@ -255,6 +293,7 @@ __all__ = [
     "JOB_TYPES",
     "MAX_JOB_IDS",
     "AdapterRequest",
+    "AddAdapterRequest",
     "BatchField",
     "EmptyRequest",
     "FwdBwdRequest",
@@ -267,10 +306,12 @@ __all__ = [
     "JobType",
     "LoadCheckpointRequest",
     "LogProbsRequest",
+    "RemoveAdapterRequest",
     "SaveCheckpointRequest",
     "SleepRequest",
     "StepRequest",
     "SyncWeightsRequest",
+    "TrainingAdapterRequest",
     "WeightNormRequest",
     "describe_errors",
 ]
