@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from arctic_platform.rl.config import ArcticRLClientConfig
-from arctic_platform.rl.errors import JobError, JobStateError, NotFoundError, TransportError
+from arctic_platform.rl.errors import JobError, JobStateError, ServerError, TransportError
 from arctic_platform.rl.interfaces import Backend, ClientTransport
 
 logger = logging.getLogger(__name__)
@@ -315,8 +315,8 @@ class ArcticRLClient:
                 continue
             try:
                 self._call_job("remove_adapter", job_type, adapter=adapter)
-            except NotFoundError:
-                if job_type == "training":
+            except ServerError as exc:  # a job the adapter was never synced into holds none
+                if job_type == "training" or exc.status_code != 404:
                     raise
 
     def empty_training_cache(self) -> None:

@@ -34,6 +34,7 @@ class AdapterHost:
     _lora: Any
     _engine: Any
     _accumulated: bool
+    _discard_gradients: Any
     setup: Any
     config: Any
     _bank: AdapterBank | None = None
@@ -47,6 +48,11 @@ class AdapterHost:
     def add_adapter(self, name: str, seed: int | None = None) -> dict[str, Any]:
         """A new adapter ``name`` starting as the base (``lora_B`` = 0, ``lora_A`` from
         ``seed``, else the job's ``lora.seed`` or seed), with fresh optimizer state."""
+        from arctic_rl_engines.lora_names import bad_adapter_name
+
+        problem = bad_adapter_name(name)
+        if problem:
+            raise InvalidRequestError(problem)
         bank = self._adapter_bank()
         if seed is None:
             seed = self._lora.seed if self._lora.seed is not None else self.config.seed
@@ -60,14 +66,13 @@ class AdapterHost:
         return {"adapter": name, "adapters": bank.names(), "parked_bytes": bank.parked_bytes()}
 
     def remove_adapter(self, name: str) -> dict[str, Any]:
-        """Forget adapter ``name`` (not the live one while it holds unapplied gradients)."""
+        """Forget adapter ``name`` with its optimizer state and any gradients no step applied
+        (they belong to nothing else); the job's last adapter stays."""
         bank = self._adapter_bank()
-        if name == bank.live and self._accumulated:
-            raise InvalidRequestError(
-                f"adapter {name!r} holds gradients no step applied yet; step first"
-            )
         if name == bank.live and len(bank.names()) == 1:
             raise InvalidRequestError(f"adapter {name!r} is this job's last adapter")
+        if name == bank.live and self._accumulated:
+            self._discard_gradients()
         bank.remove(name)
         if bank.live is None:  # the model's LoRA weights go to the next adapter
             bank.use(bank.names()[0])
