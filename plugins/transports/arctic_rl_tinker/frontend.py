@@ -1,7 +1,8 @@
 """Tinker's sessions, models and samplers mapped onto ``RLServer`` operations.
 
-A model is a training job plus a sampling job for its base model, in LoRA mode (Tinker trains
-adapters only; full fine-tuning needs the server's explicit ``full_fine_tuning``).
+A model is a named LoRA adapter in its pool (one training and one sampling job per base model
+and LoRA shape, shared by that pool's models: ``pools.py``); with the server's explicit
+``full_fine_tuning`` it is a training job plus a sampling job of its own.
 ``save_weights_for_sampler`` is a ``sync_weights`` whose (adapter) version the returned
 ``tinker://`` path names; a sampler on an older path keeps that adapter version. This object
 holds only the Tinker-side names (ids, paths, versions); every job state lives in the server.
@@ -9,8 +10,6 @@ holds only the Tinker-side names (ids, paths, versions); every job state lives i
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from arctic_rl_tinker.futures import (
     run_into,
 )
 from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
+from arctic_rl_tinker.pools import Pool, Pools, adapter_name, pool_key, start_pool
 from arctic_rl_tinker.records import (
     SESSION_TTL,
     Gpus,
@@ -39,7 +39,7 @@ from arctic_rl_tinker.records import (
     StaleWeightsError,
     UnknownIdError,
 )
-from arctic_rl_tinker.sample_requests import SampleItem, prompt_tokens, sampling_params
+from arctic_rl_tinker.sampling import SamplingMixin
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -53,7 +53,7 @@ MAX_SAMPLE_BATCH = 256
 """Most prompts in one shared ``generate``."""
 
 
-class TinkerFrontend:
+class TinkerFrontend(SamplingMixin):
     """Tinker's API over one ``RLServer``: ids, paths and ordering; the work is the server's."""
 
     def __init__(
@@ -76,6 +76,7 @@ class TinkerFrontend:
         self.samplers: dict[str, Sampler] = {}
         self.paths: dict[str, tuple[str, str, Any]] = {}  # tinker path -> (kind, model, what)
         self._base_samplers: dict[str, int] = {}  # base model -> its own sampling job
+        self.pools = Pools()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="tinker-work")
         self._samples = Coalescer(
             self._dispatch_samples,
@@ -112,8 +113,9 @@ class TinkerFrontend:
                 self.finish_session(session_id)
 
     def finish_session(self, session_id: str) -> None:
-        """End a session: destroy its models' jobs and forget their samplers and paths (a base
-        sampler on one of those jobs moves to another LoRA job of its base, if there is one)."""
+        """End a session: its models' adapters leave their pools (a pool's jobs go with its
+        last model; a full-fine-tuning model's jobs go with it), their samplers and paths are
+        forgotten (a base sampler on a job that goes moves to another pool of its base)."""
         with self._lock:
             self.sessions.pop(session_id, None)
             self._finished.add(session_id)
@@ -121,23 +123,42 @@ class TinkerFrontend:
             for model in models:
                 del self.models[model.model_id]
             gone = {m.model_id for m in models}
-            jobs = {j for m in models for j in (m.training_job, m.sampling_job) if j is not None}
-            for sampler_id in [k for k, v in self.samplers.items() if v.job_id in jobs]:
-                sampler = self.samplers[sampler_id]
-                other = lora_models.lora_sampling_job(self.models.values(), sampler.base_model)
-                if sampler.adapter == lora_models.BASE_ADAPTER and other is not None:
-                    sampler.job_id = other
-                else:
+            jobs = {j for m in models if m.pool is None for j in (m.training_job, m.sampling_job)}
+            for model in models:
+                if model.pool is not None and self.pools.leave(model.pool, model.model_id):
+                    jobs.update(model.pool.jobs())
+            jobs.discard(None)
+            pooled = {(m.sampling_job, m.adapter) for m in models if m.pool is not None}
+            for sampler_id, sampler in list(self.samplers.items()):
+                if (sampler.job_id, sampler.adapter) in pooled:
                     del self.samplers[sampler_id]
+                elif sampler.job_id in jobs:
+                    other = self.pools.sampling_job(sampler.base_model)
+                    if sampler.adapter == lora_models.BASE_ADAPTER and other is not None:
+                        sampler.job_id = other
+                    else:
+                        del self.samplers[sampler_id]
             for path in [k for k, v in self.paths.items() if v[1] in gone]:
                 del self.paths[path]
         for model in models:
             model.lane.close()
-        for job_id in sorted(jobs):
+            if model.pool is not None and model.training_job not in jobs:
+                self._drop_adapter(model)
+        for job_id in sorted(j for j in jobs if j is not None):
             try:
                 self.server.handle("destroy", {"job_id": job_id})
             except ArcticRLError as exc:
                 logger.warning("tinker session %s: destroying job %s: %s", session_id, job_id, exc)
+
+    def _drop_adapter(self, model: Model) -> None:
+        """Remove a finished model's adapter from its pool's jobs (the pool goes on)."""
+        for job_id in (model.training_job, model.sampling_job):
+            if job_id is None:
+                continue
+            try:
+                self.server.handle("remove_adapter", {"job_id": job_id, "adapter": model.adapter})
+            except ArcticRLError as exc:  # never synced, or the job is gone: nothing held
+                logger.debug("model %s: remove_adapter on job %s: %s", model.model_id, job_id, exc)
 
     # --- lookups ----------------------------------------------------------------------
 
@@ -240,31 +261,64 @@ class TinkerFrontend:
             model = Model(
                 model_id, base_model, Lane(model_id), session_id, lora_rank=rank, lora=lora
             )
+            if lora is not None:
+                model.adapter = adapter_name(model_id)
+                model.pool, new_pool = self.pools.join(pool_key(base_model, lora), lora, model_id)
             self.models[model_id] = model
         future = self.futures.new("create_model")
 
         def work() -> Outcome:
             try:
-                config = self._job_config(base_model, lora)
-                model.training_job = self._start_job("training", config)
-                model.sampling_job = self._start_job("sampling", config)
-                self._wait_running(model.training_job)
-                self._wait_running(model.sampling_job)
+                if model.pool is not None:
+                    self._join_pool(model, model.pool, new_pool)
+                else:
+                    config = self._job_config(base_model, lora)
+                    model.training_job = self._start_job("training", config)
+                    model.sampling_job = self._start_job("sampling", config)
+                    self._wait_running(model.training_job)
+                    self._wait_running(model.sampling_job)
             except BaseException as exc:
                 model.error = str(exc)
                 model.ready.set()
-                for job_id in (model.training_job, model.sampling_job):
-                    if job_id is not None:
-                        try:
-                            self.server.handle("destroy", {"job_id": job_id})
-                        except ArcticRLError:
-                            pass
+                self._forget_failed(model)
                 raise
             model.ready.set()
             return Outcome(json={"model_id": model_id, "type": "create_model"})
 
         self._pool.submit(run_into, future, work)
         return future
+
+    def _join_pool(self, model: Model, pool: Pool, new: bool) -> None:
+        """Start the pool's jobs (a new pool) or wait for them, then add the model's adapter."""
+        if new:
+            config = self._job_config(pool.base_model, pool.lora)
+            try:
+                start_pool(pool, lambda t: self._start_job(t, config), self._wait_running)
+            except BaseException:
+                with self._lock:
+                    self.pools.forget(pool)
+                raise
+        else:
+            pool.wait(self.job_ready_timeout)
+        model.training_job, model.sampling_job = pool.training_job, pool.sampling_job
+        seed = (model.lora or {}).get("seed")
+        request = {"job_id": pool.training_job, "adapter": model.adapter, "seed": seed}
+        self.server.handle("add_adapter", request)
+
+    def _forget_failed(self, model: Model) -> None:
+        """Undo what a model that could not be created holds: its own jobs, or its place in
+        its pool (and the pool's jobs when it was the last member)."""
+        jobs = [model.training_job, model.sampling_job] if model.pool is None else []
+        if model.pool is not None:
+            with self._lock:
+                if self.pools.leave(model.pool, model.model_id):
+                    jobs = list(model.pool.jobs())
+        for job_id in jobs:
+            if job_id is not None:
+                try:
+                    self.server.handle("destroy", {"job_id": job_id})
+                except ArcticRLError:
+                    pass
 
     def get_info(self, model_id: str) -> dict[str, Any]:
         """Tinker's GetInfoResponse: ``is_lora`` and the rank (false and None: full weights)."""
@@ -342,6 +396,7 @@ class TinkerFrontend:
                     "loss_config": batch.loss_config,
                     "return_log_probs": True,
                     "forward_only": batch.forward_only,
+                    **model.adapter_fields(),
                 },
             )
             return Outcome(proto=convert.forward_backward_output(batch, result))
@@ -362,7 +417,8 @@ class TinkerFrontend:
         }
 
         def work(model: Model) -> Outcome:
-            result = self.server.handle("step", {"job_id": model.training_job, **payload})
+            request = {"job_id": model.training_job, **payload, **model.adapter_fields()}
+            result = self.server.handle("step", request)
             metrics = {
                 "learning_rate:mean": float(result.get("lr", payload["learning_rate"])),
                 "grad_norm:mean": float(result.get("grad_norm", 0.0)),
@@ -376,6 +432,8 @@ class TinkerFrontend:
         payload = {"training_job_id": model.training_job, "sampling_job_ids": [model.sampling_job]}
         if model.lora is not None:  # an adapter-only sync: a new version, the old ones stay
             payload["adapter"] = model.adapter
+        if model.pool is not None:  # the pool's trainer sends this model's adapter
+            payload["training_adapter"] = model.adapter
         return int(self.server.handle("sync_weights", payload)["weight_version"])
 
     def _served(self, model: Model) -> str | None:
@@ -409,9 +467,11 @@ class TinkerFrontend:
         model = self.model(model_id)
 
         def work(model: Model) -> Outcome:
-            answer = self.server.handle(
-                "save_checkpoint", {"job_id": model.training_job, "tag": name}
-            )
+            tag = name
+            if model.pool is not None:  # its pool's other models save into the same root
+                tag = f"{model.adapter}-{name or uuid.uuid4().hex[:12]}"
+            request = {"job_id": model.training_job, "tag": tag, **model.adapter_fields()}
+            answer = self.server.handle("save_checkpoint", request)
             label = name or f"step{answer['global_step']}"
             path = f"tinker://{model.model_id}/weights/{label}"
             with self._lock:
@@ -424,7 +484,7 @@ class TinkerFrontend:
         self, model_id: str, seq_id: int | None, path: str, optimizer: bool = True
     ) -> Future:
         """Restore a checkpoint this model saved: weights and optimizer state, or (``optimizer``
-        false, once the server's load_checkpoint offers it) the weights with a fresh optimizer."""
+        false) the weights with a fresh optimizer."""
         model = self.model(model_id)
         with self._lock:
             entry = self.paths.get(path)
@@ -438,139 +498,15 @@ class TinkerFrontend:
             )
 
         request: dict[str, Any] = {"path": entry[2]}
-        if not optimizer and lora_models.weights_only_load_offered():
+        if not optimizer:
             request["optimizer"] = False
 
         def work(model: Model) -> Outcome:
-            self.server.handle("load_checkpoint", {"job_id": model.training_job, **request})
+            job = {"job_id": model.training_job, **model.adapter_fields()}
+            self.server.handle("load_checkpoint", {**job, **request})
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self._ordered(model, seq_id, "load_weights", work)
-
-    # --- sampling ---------------------------------------------------------------------
-
-    def _new_sampler(
-        self,
-        base_model: str,
-        job_id: int,
-        version: int,
-        path: str | None,
-        adapter: str | None = None,
-    ) -> str:
-        sampler_id = f"sampler-{uuid.uuid4()}"
-        sampler = Sampler(sampler_id, base_model, job_id, version, path, adapter)
-        with self._lock:
-            self.samplers[sampler_id] = sampler
-        return sampler_id
-
-    def _base_sampler_job(self, base_model: str) -> int:
-        """A sampling job of the untrained ``base_model`` (started once, kept)."""
-        with self._lock:
-            job_id = self._base_samplers.get(base_model)
-        if job_id is None:
-            job_id = self._start_job("sampling", self._job_config(base_model))
-            with self._lock:
-                self._base_samplers[base_model] = job_id
-        self._wait_running(job_id)
-        return job_id
-
-    def create_sampling_session(
-        self, session_id: str, model_path: str | None, base_model: str | None
-    ) -> str:
-        """A sampler on a ``tinker://`` sampler path's version, or on a base model."""
-        self.session(session_id)
-        if model_path:
-            with self._lock:
-                entry = self.paths.get(model_path)
-            if entry is None or entry[0] != "sampler":
-                raise UnknownIdError(
-                    f"unknown sampler path {model_path!r} (save_weights_for_sampler gives one)"
-                )
-            model = self._ready(self.model(entry[1]))
-            assert model.sampling_job is not None
-            return self._new_sampler(
-                model.base_model, model.sampling_job, entry[2], model_path, self._served(model)
-            )
-        if not base_model:
-            raise InvalidRequestError("create_sampling_session needs model_path or base_model")
-        with self._lock:
-            shared = lora_models.lora_sampling_job(self.models.values(), base_model)
-        if shared is not None:
-            return self._new_sampler(base_model, shared, 0, None, lora_models.BASE_ADAPTER)
-        return self._new_sampler(base_model, self._base_sampler_job(base_model), 0, None)
-
-    def sample(self, sampler: Sampler, request: dict[str, Any]) -> Future:
-        """One prompt, ``num_samples`` completions from the sampler's job and version."""
-        prompt = prompt_tokens(request.get("prompt"))
-        refused = [
-            key
-            for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
-            if request.get(key)
-        ]
-        if request.get("target_prompt_logprobs") is not None:
-            refused.append("target_prompt_logprobs")
-        if refused:
-            raise InvalidRequestError(f"this server does not offer {refused}")
-        want_prompt = bool(request.get("prompt_logprobs"))
-        last_n = request.get("prompt_logprobs_last_n")
-        params = sampling_params(request.get("sampling_params") or {})
-        params["n"] = int(request.get("num_samples") or 1)
-        if want_prompt:
-            params["prompt_logprobs"] = True
-        future = self.futures.new("sample")
-        item = SampleItem(sampler, prompt, future, want_prompt, last_n)
-        if params.get("seed") is not None:  # seeds go per prompt in a batch: never shared
-            self._pool.submit(self._run_samples, params, [item])
-        else:
-            key = (
-                sampler.job_id,
-                sampler.adapter,
-                sampler.version,
-                json.dumps(params, sort_keys=True),
-            )
-            self._samples.add(key, (params, item))
-        return future
-
-    def _dispatch_samples(self, _: Any, batch: list[tuple[dict[str, Any], SampleItem]]) -> None:
-        self._run_samples(batch[0][0], [item for _, item in batch])
-
-    def _run_samples(self, params: dict[str, Any], items: list[SampleItem]) -> None:
-        """One ``generate`` for the prompts of ``items`` (one sampling job and weight or
-        adapter version, the same parameters); if it refuses them, each prompt alone, so that
-        a bad prompt fails only its own request. A full-weight job serves only its newest
-        weights; a LoRA job serves any adapter version it keeps."""
-        sampler = items[0].sampler
-        job_id, version = sampler.job_id, sampler.version
-        request: dict[str, Any] = {
-            "job_id": job_id,
-            "prompts": [item.prompt for item in items],
-            "sampling_params": params,
-        }
-        try:
-            if sampler.adapter is None:
-                info = self.server.handle("get_job", {"job_id": job_id})
-                if info.get("weight_version", 0) != version:
-                    for item in items:
-                        item.future.set(failure(item.stale(info.get("weight_version"))))
-                    return
-            else:
-                request["adapter"] = sampler.adapter
-                if sampler.adapter != lora_models.BASE_ADAPTER:
-                    request["adapter_version"] = version
-            answer = self.server.handle("generate", request)
-        except InvalidRequestError as exc:
-            if len(items) == 1:
-                items[0].future.set(failure(exc))
-            else:
-                for item in items:
-                    self._run_samples(params, [item])
-            return
-        except BaseException as exc:
-            for item in items:
-                item.future.set(failure(exc))
-            return
-        for item, output in zip(items, answer["outputs"], strict=True):
-            run_into(item.future, functools.partial(item.outcome, output))
 
 
 __all__ = [

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from arctic_platform.rl.api import LORA_RANKS, InvalidRequestError, LoraConfig
-from arctic_rl_tinker.records import Model
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -132,25 +130,6 @@ def check_targets(base_model: str, targets: list[str]) -> None:
         )
 
 
-def lora_sampling_job(models: Iterable[Model], base_model: str) -> int | None:
-    """The sampling job of a ready LoRA model of ``base_model``, if any: it serves the base
-    too, as adapter ``base`` (a pool of models on one base would be the natural owner)."""
-    for model in models:
-        ready = model.ready.is_set() and model.error is None
-        if model.base_model == base_model and model.lora is not None and ready:
-            if model.sampling_job is not None:
-                return model.sampling_job
-    return None
-
-
-def weights_only_load_offered() -> bool:
-    """Whether core's ``load_checkpoint`` takes ``optimizer: false`` (weights only, a fresh
-    optimizer: Tinker's ``load_state``); until it does, both load forms restore the optimizer."""
-    from arctic_platform.rl.api import LoadCheckpointRequest
-
-    return "optimizer" in LoadCheckpointRequest.model_fields
-
-
 __all__ = [
     "ATTENTION_MODULES",
     "BASE_ADAPTER",
@@ -159,8 +138,6 @@ __all__ = [
     "UNEMBED_MODULES",
     "check_base_model",
     "check_targets",
-    "lora_sampling_job",
     "lora_section",
     "target_modules",
-    "weights_only_load_offered",
 ]

@@ -39,8 +39,8 @@ class StaleWeightsError(InvalidRequestError):
 
 @dataclass
 class Model:
-    """A Tinker training model: our training job and the sampling job it syncs into (in LoRA
-    mode, as ``adapter``: a pool of models on one base's jobs would give each its own name)."""
+    """A Tinker training model: our training job and the sampling job it syncs into (LoRA mode:
+    its pool's two jobs, shared with the other models of that pool, as its own ``adapter``)."""
 
     model_id: str
     base_model: str
@@ -55,6 +55,12 @@ class Model:
     sampling_job: int | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    pool: Any = None
+    """LoRA mode: the ``pools.Pool`` whose jobs it shares (its adapter is its own)."""
+
+    def adapter_fields(self) -> dict[str, str]:
+        """The ``adapter`` field of its training requests (none for a job of its own)."""
+        return {} if self.pool is None else {"adapter": self.adapter}
 
 
 @dataclass

@@ -31,7 +31,8 @@ def _state_dirs(tinker_server, log_path: Path) -> list[Path]:
     ]
     labels = {r["state_path"].rsplit("/", 1)[-1] for r in records if r.get("state_path")}
     root = tinker_server.log.parent / "server" / "checkpoints"
-    return [d for label in labels for d in root.glob(f"job_*/{label}") if d.is_dir()]
+    # a LoRA pool's models share one checkpoint root: a tag is the model's adapter, then the label
+    return [d for label in labels for d in root.glob(f"job_*/*{label}") if d.is_dir()]
 
 
 def test_cookbook_arithmetic_rl_recipe_runs_and_logs_each_step(tinker_server, tmp_path):

@@ -138,11 +138,6 @@ def test_load_state_with_optimizer_restores_the_weights_and_adams_moments(traini
     assert np.max(np.abs(again - first_after_save)) < 1e-6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_checkpoint has no weights-only mode yet (core LoadCheckpointRequest and the "
-    "training engine restore the optimizer too), so load_state keeps Adam's saved moments",
-)
 def test_load_state_restores_the_weights_with_a_fresh_optimizer(training):
     path, data, adam, at_save, first_after_save = _saved_then_stepped(training, "ckpt-b")
     training.load_state(path).result(timeout=600)

@@ -1,6 +1,8 @@
 """The Tinker front-end in LoRA mode, over a recording stand-in for ``RLServer``: Tinker's
-``LoraConfig`` becomes ``training_config.lora``, syncs name the adapter, samplers ask for their
-adapter version, base samplers share a LoRA job, and bad settings are refused before any job."""
+``LoraConfig`` becomes ``training_config.lora``, models of one base and LoRA shape share a pool
+(one training and one sampling job, an adapter each), syncs and training calls name the model's
+adapter, samplers ask for their adapter version, base samplers share a pool's sampling job, and
+bad settings are refused before any job."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ class RecordingServer:
         self.shutdown_requested = threading.Event()
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self._jobs = 0
-        self._versions: dict[int, int] = {}
+        self._versions: dict[tuple[int, str | None], int] = {}
 
     def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
         payload = dict(payload or {})
@@ -33,12 +35,14 @@ class RecordingServer:
             self._jobs += 1
             return {"job_id": self._jobs}
         if name == "get_job":
-            version = self._versions.get(payload["job_id"], 0)
+            version = self._versions.get((payload["job_id"], None), 0)
             return {"state": "running", "weight_version": version}
         if name == "sync_weights":
-            job = payload["sampling_job_ids"][0]
-            self._versions[job] = self._versions.get(job, 0) + 1
-            return {"weight_version": self._versions[job]}
+            key = (payload["sampling_job_ids"][0], payload.get("adapter"))
+            self._versions[key] = self._versions.get(key, 0) + 1
+            return {"weight_version": self._versions[key]}
+        if name == "add_adapter":
+            return {"adapter": payload["adapter"], "adapters": [payload["adapter"]]}
         if name == "save_checkpoint":
             return {"path": f"/ckpt/{payload['tag']}", "global_step": 1}
         if name == "generate":
@@ -117,9 +121,13 @@ def test_a_lora_model_starts_lora_jobs_and_syncs_and_serves_adapter_versions(mod
         model_id = f"{session}:train:0"
         info = frontend.get_info(model_id)
         assert info["is_lora"] is True and info["lora_rank"] == 8
+        adapter = frontend.model(model_id).adapter
+        (added,) = server.sent("add_adapter")
+        assert added == {"job_id": 1, "adapter": adapter, "seed": 3}
         first = _wait(frontend.save_weights_for_sampler(model_id, 1, None)).json
         _wait(frontend.save_weights_for_sampler(model_id, 2, "later"))
-        assert [p["adapter"] for p in server.sent("sync_weights")] == ["default", "default"]
+        synced = server.sent("sync_weights")
+        assert [(p["adapter"], p["training_adapter"]) for p in synced] == [(adapter, adapter)] * 2
         assert first["path"].endswith("/sampler_weights/v1")
         sampler = frontend.sampler(first["sampling_session_id"])
         frontend.sample(sampler, {"prompt": {"chunks": [{"tokens": [1, 2]}]}, "num_samples": 1})
@@ -127,7 +135,7 @@ def test_a_lora_model_starts_lora_jobs_and_syncs_and_serves_adapter_versions(mod
         while not server.sent("generate") and time.monotonic() < deadline:
             time.sleep(0.01)
         (generate,) = server.sent("generate")  # version 1 after version 2 exists: no 409
-        assert generate["adapter"] == "default" and generate["adapter_version"] == 1
+        assert generate["adapter"] == adapter and generate["adapter_version"] == 1
         base = frontend.sampler(frontend.create_sampling_session(session, None, model_dir))
         assert (base.job_id, base.adapter) == (sampler.job_id, "base")
         assert len(server.sent("initialize")) == 2  # no job of its own
@@ -162,39 +170,102 @@ def test_bad_lora_settings_are_refused_before_any_job_starts(model_dir, tmp_path
         frontend.close()
 
 
-@pytest.mark.parametrize("offered", [False, True])
-def test_load_state_asks_for_a_fresh_optimizer_once_the_server_offers_it(
-    model_dir, monkeypatch, offered
+def test_training_calls_name_the_models_adapter_and_load_state_asks_for_a_fresh_optimizer(
+    model_dir,
 ):
-    monkeypatch.setattr("arctic_rl_tinker.lora_models.weights_only_load_offered", lambda: offered)
     frontend, server = _frontend()
     try:
         session = frontend.create_session()
         _wait(frontend.create_model(session, 0, model_dir, {"rank": 8}))
         model_id = f"{session}:train:0"
-        path = _wait(frontend.save_weights(model_id, 1, "a")).json["path"]
-        _wait(frontend.load_weights(model_id, 2, path, optimizer=True))
-        _wait(frontend.load_weights(model_id, 3, path, optimizer=False))
+        adapter = frontend.model(model_id).adapter
+        _wait(frontend.optim_step(model_id, 1, {"learning_rate": 1e-3}))
+        path = _wait(frontend.save_weights(model_id, 2, "a")).json["path"]
+        _wait(frontend.load_weights(model_id, 3, path, optimizer=True))
+        _wait(frontend.load_weights(model_id, 4, path, optimizer=False))
+        (step,) = server.sent("step")
+        (saved,) = server.sent("save_checkpoint")
+        assert step["adapter"] == adapter and saved["adapter"] == adapter
+        assert saved["tag"] == f"{adapter}-a"  # the pool's models share one checkpoint root
         with_optimizer, weights_only = server.sent("load_checkpoint")
-        assert "optimizer" not in with_optimizer and with_optimizer["path"] == "/ckpt/a"
-        assert weights_only.get("optimizer", True) is (not offered)
+        assert "optimizer" not in with_optimizer and with_optimizer["path"] == f"/ckpt/{adapter}-a"
+        assert weights_only["optimizer"] is False and weights_only["adapter"] == adapter
     finally:
         frontend.close()
 
 
-def test_a_base_sampler_moves_to_another_lora_job_when_its_jobs_session_ends(model_dir):
+def test_models_of_one_base_and_shape_share_one_pool_until_the_last_one_goes(model_dir):
+    frontend, server = _frontend()
+    try:
+        sessions = [frontend.create_session() for _ in range(3)]
+        for session in sessions:
+            _wait(frontend.create_model(session, 0, model_dir, {"rank": 8}))
+        models = [frontend.model(f"{s}:train:0") for s in sessions]
+        assert len(server.sent("initialize")) == 2  # one training and one sampling job
+        assert len({(m.training_job, m.sampling_job) for m in models}) == 1
+        assert len({m.adapter for m in models}) == 3
+        _wait(frontend.create_model(sessions[0], 1, model_dir, {"rank": 16}))
+        assert len(server.sent("initialize")) == 4  # another shape: a pool of its own
+        frontend.finish_session(sessions[1])
+        removed = server.sent("remove_adapter")
+        assert {(p["job_id"], p["adapter"]) for p in removed} == {
+            (models[1].training_job, models[1].adapter),
+            (models[1].sampling_job, models[1].adapter),
+        }
+        assert server.sent("destroy") == []  # the pool goes on for the other two
+        frontend.finish_session(sessions[0])  # the rank-16 pool's last model: its jobs go
+        assert sorted(p["job_id"] for p in server.sent("destroy")) == [3, 4]
+        frontend.finish_session(sessions[2])
+        assert sorted(p["job_id"] for p in server.sent("destroy")) == [1, 2, 3, 4]
+        _wait(frontend.create_model(frontend.create_session(), 0, model_dir, {"rank": 8}))
+        assert len(server.sent("initialize")) == 6  # the old pool is gone: a new one starts
+    finally:
+        frontend.close()
+
+
+class FailingServer(RecordingServer):
+    """A server whose training jobs never start."""
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        if name == "get_job":
+            return {"state": "failed", "reason": "no bundle"}
+        return super().handle(name, payload)
+
+
+def test_a_pool_whose_jobs_fail_fails_its_models_and_the_next_model_starts_a_new_one(model_dir):
+    server = FailingServer()
+    frontend = TinkerFrontend(server)  # type: ignore[arg-type]
+    try:
+        session = frontend.create_session()
+        future = frontend.create_model(session, 0, model_dir, {"rank": 8})
+        deadline = time.monotonic() + 10
+        while future.outcome is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert future.outcome is not None and "no bundle" in str(future.outcome.error)
+        assert sorted(p["job_id"] for p in server.sent("destroy")) == [1, 2]
+        assert frontend.pools.by_key == {}
+        frontend.create_model(session, 1, model_dir, {"rank": 8})
+        deadline = time.monotonic() + 10
+        while len(server.sent("initialize")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(server.sent("initialize")) == 4
+    finally:
+        frontend.close()
+
+
+def test_a_base_sampler_moves_to_another_pool_of_its_base_when_its_pool_goes(model_dir):
     frontend, _ = _frontend()
     try:
         first, second = frontend.create_session(), frontend.create_session()
         _wait(frontend.create_model(first, 0, model_dir, {"rank": 8}))
         base_id = frontend.create_sampling_session(second, None, model_dir)
         job = frontend.sampler(base_id).job_id
-        _wait(frontend.create_model(second, 0, model_dir, {"rank": 8}))
+        _wait(frontend.create_model(second, 0, model_dir, {"rank": 16}))  # another pool
         frontend.finish_session(first)
         moved = frontend.sampler(base_id)
         assert moved.job_id != job and moved.adapter == "base"
         assert moved.job_id == frontend.model(f"{second}:train:0").sampling_job
-        frontend.finish_session(second)  # no LoRA job of that base is left: it goes
+        frontend.finish_session(second)  # no pool of that base is left: it goes
         with pytest.raises(InvalidRequestError, match="unknown sampling_session_id"):
             frontend.sampler(base_id)
     finally:
