@@ -122,7 +122,7 @@ def test_the_demo_flags_set_the_demo_settings(monkeypatch, tmp_path, capsys):
         seen["settings"] = settings
         summary = dict.fromkeys(("heldout_exact_after_sft", "heldout_exact_final"), 0.5)
         summary.update(heldout_gain_from_rl=0.0, rl_steps_per_second=1.0, total_seconds=60.0)
-        return {**summary, "heldout_size": 128, "mode": "async"}
+        return {**summary, "heldout_size": 128, "mode": "async", "weights": "all weights"}
 
     monkeypatch.setattr(arctic_rl_demo.main, "run_demo", fake_run_demo)
     argv = ["demo", "--steps", "7", "--sft-steps", "3", "--eval-every", "0", "--async"]
@@ -152,6 +152,15 @@ def test_the_demo_flags_set_the_demo_settings(monkeypatch, tmp_path, capsys):
     assert "after SFT 0.500, final 0.500" in capsys.readouterr().out
     assert main(["demo"]) == 0  # the defaults: those of DemoSettings
     assert (seen["settings"].steps, seen["settings"].learning_rate) == (80, 1e-3)
+    assert seen["settings"].lora_rank is None
+    assert seen["settings"].sft_steps == 40
+    # --lora: the rank, the same learning rates, a longer warm start unless given
+    assert main(["demo", "--lora", "8"]) == 0
+    lora = seen["settings"]
+    assert (lora.lora_rank, lora.learning_rate, lora.sft_learning_rate) == (8, 1e-3, 2e-3)
+    assert lora.sft_steps == 95
+    assert main(["demo", "--lora", "16", "--sft-steps", "20"]) == 0
+    assert (seen["settings"].lora_rank, seen["settings"].sft_steps) == (16, 20)
 
 
 @pytest.fixture

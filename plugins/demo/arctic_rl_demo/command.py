@@ -7,13 +7,22 @@ import dataclasses
 from pathlib import Path
 
 SUMMARY = "SFT warm start then GRPO on a digit-reversal task, tiny model, on CPU"
+LORA_SFT_STEPS = 95
+"""Warm-start steps with ``--lora`` unless ``--sft-steps`` says otherwise: an adapter learns the
+task's format more slowly than all the weights at the same learning rate (rank 32, seed 0:
+held-out 0.102 after 80 steps, 0.383 after 95, 1.000 after 120; a 3x GRPO learning rate
+collapsed it to 0.000, so the rates stay those of full fine-tuning)."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options; each ``dest`` is the ``DemoSettings`` field it sets."""
     add = parser.add_argument
     add("--steps", type=int, default=80, help="GRPO steps (default 80)")
-    add("--sft-steps", type=int, default=40, help="warm-start steps (default 40)")
+    add(
+        "--sft-steps",
+        type=int,
+        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS})",
+    )
     add("--eval-every", type=int, default=10, help="held-out evaluation every N RL steps (0: end)")
     add(
         "--async",
@@ -34,6 +43,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--colocate", action="store_true")
     add("--output-dir", help="run directory (default: runs/demo-<time>)")
     add("--seed", type=int, default=0)
+    add(
+        "--lora",
+        dest="lora_rank",
+        metavar="RANK",
+        type=int,
+        help="train a LoRA adapter of this rank (base frozen, adapter-only weight syncs) "
+        "instead of every weight",
+    )
     rates = (
         ("--lr", "learning_rate", 1e-3, "GRPO"),
         ("--sft-lr", "sft_learning_rate", 2e-3, "warm-start"),
@@ -45,8 +62,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             dest=dest,
             metavar=metavar,
             type=float,
-            default=default,
-            help=f"{phase} learning rate",
+            help=f"{phase} learning rate (default {default:g})",
         )
     add("--kl-coef", type=float, default=0.0)
     add("--quiet", action="store_true")
@@ -61,12 +77,15 @@ def run_command(args: argparse.Namespace) -> int:
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if "output_dir" in given:
         given["output_dir"] = Path(given["output_dir"])
+    if given.get("lora_rank") is not None and "sft_steps" not in given:
+        given["sft_steps"] = LORA_SFT_STEPS
     settings = DemoSettings(**given)
     summary = run_demo(settings)
     print(
         f"held-out exact match ({summary['heldout_size']} prompts, greedy): after SFT "
         f"{summary['heldout_exact_after_sft']:.3f}, final {summary['heldout_exact_final']:.3f} "
         f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['mode']}, "
+        f"{summary['weights']}, "
         f"{summary['rl_steps_per_second']:.2f} RL steps/s, {summary['total_seconds'] / 60:.1f} "
         f"min; plot: {settings.output_dir / 'reward.png'}"
     )

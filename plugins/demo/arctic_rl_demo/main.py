@@ -55,6 +55,7 @@ def _config(settings: DemoSettings, model: Path) -> Any:
                 "weight_decay": 0.0,
                 "gradient_clipping": 1.0,
             },
+            **({"lora": {"rank": settings.lora_rank}} if settings.lora_rank else {}),
         },
     )
 

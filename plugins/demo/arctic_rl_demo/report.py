@@ -29,6 +29,8 @@ def summarize(
     settings = {key: str(v) if isinstance(v, Path) else v for key, v in asdict(s).items()}
     return {
         "mode": "async" if s.async_mode else "sync",
+        "weights": weights_trained(s),
+        "mean_sync_bytes": sum(r.get("sync_bytes", 0) for r in rl) / n,
         "max_staleness": s.max_staleness if s.async_mode else 0,
         "sft_steps": s.sft_steps,
         "steps": len(rl),
@@ -62,6 +64,11 @@ def summarize(
     }
 
 
+def weights_trained(settings: DemoSettings) -> str:
+    """What the run trains: every weight, or a LoRA adapter of some rank."""
+    return f"LoRA rank {settings.lora_rank}" if settings.lora_rank else "all weights"
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """The summary as a markdown table (``summary.md``, printed at the end of a run)."""
     mode = summary["mode"]
@@ -71,6 +78,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         "| metric | value |",
         "|---|---|",
         f"| mode | {mode} |",
+        f"| weights trained | {summary['weights']} |",
+        f"| bytes moved per weight sync (mean) | {summary['mean_sync_bytes']:,.0f} |",
         f"| SFT steps, then GRPO steps | {summary['sft_steps']}, {summary['steps']} |",
         f"| held-out exact match before SFT | {summary['heldout_exact_before_sft']:.3f} |",
         f"| held-out exact match after SFT | {summary['heldout_exact_after_sft']:.3f} |",
@@ -124,7 +133,7 @@ def plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> N
     ax.set_ylabel("exact match")
     ax.set_title(
         f"Arctic RL demo: reverse {settings.digits} digits, {settings.model_size} model, CPU "
-        f"({mode})",
+        f"({mode}, {weights_trained(settings)})",
         pad=18,
     )
     ax.set_ylim(0, 1)

@@ -49,10 +49,13 @@ class DemoSettings:
     )
     seed: int = 0
     quiet: bool = False
+    lora_rank: int | None = None  # train a LoRA adapter of this rank instead of every weight
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.sft_steps < 0:
             raise ValueError(f"steps={self.steps} must be >= 1 and sft_steps >= 0")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise ValueError(f"lora_rank={self.lora_rank} must be >= 1")
         if self.async_mode and self.max_staleness < 1:
             raise ValueError(
                 f"max_staleness={self.max_staleness}: the async pipeline needs at least 1 "
@@ -206,6 +209,7 @@ class DemoRun:
             "sampled_versions": [oldest, newest],
             "staleness": staleness,
             "weight_version": self.weight_version,
+            "sync_bytes": int(synced.get("bytes", 0) or 0),
             "generation_overlap_seconds": self.overlap_with_training(rollout),
             "sample": rollout.completions[0]["text"],
         }
