@@ -4,7 +4,8 @@ import which. A failure names the file, the line and the import that breaks the 
 
 Layers, from the ground up: the ground floor (errors, network, run_dirs, lazy_names) imports
 nothing of ``arctic_platform.rl``; ``weight_sync/`` only the ground floor and ``config``;
-``wire/`` is data and codecs; ``server/`` is transport-free and reads top-down (rl_server ->
+``wire/`` is data and codecs; ``agents/`` (agent sessions' pure core) only the ground floor,
+``config``, ``wire`` and ``batch``; ``server/`` is transport-free and reads top-down (rl_server ->
 weight_sync_ops -> jobs -> the modules below it); ``web/`` is the only HTTP code.
 """
 
@@ -30,6 +31,8 @@ WEB = ("web", "http_common")
 # server modules at or above jobs.py (the manager and what drives it); every other server
 # module is below jobs.py and reads the live job record from job_state.py instead
 SERVER_ABOVE_JOBS = ("__init__", "jobs", "weight_sync_ops", "rl_server", "process")
+# agents/ is a layer of its own: no server, web or client code below it, only these
+AGENTS_MAY_IMPORT = (*GROUND_FLOOR, "config", "wire", "batch", "agents")
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,17 @@ def test_weight_sync_imports_only_the_ground_floor_and_config():
     broken = [
         i.where()
         for p in _in("weight_sync")
+        for i in _runtime_imports(p)
+        if _names(i.target, RL) and i.target != RL and not _names(i.target, *allowed)
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_agents_imports_only_the_ground_floor_config_wire_and_batch():
+    allowed = _core(*AGENTS_MAY_IMPORT)
+    broken = [
+        i.where()
+        for p in _in("agents")
         for i in _runtime_imports(p)
         if _names(i.target, RL) and i.target != RL and not _names(i.target, *allowed)
     ]
