@@ -312,3 +312,28 @@ def test_a_new_writer_truncates_and_counts_every_byte_of_sorted_lines(tmp_path, 
     monkeypatch.setattr(os, "close", closed.append)
     writer.close()  # a second close closes nothing
     assert closed == []
+
+
+class _Method:
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def remote(self) -> None:
+        self.calls.append(self.name)
+        raise AssertionError(f"{self.name} of a worker that never started")
+
+
+class _NeverPlaced:
+    """A worker handle whose actor never started: any call would wait for it."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.close = _Method(calls, "close")
+
+
+def test_a_stop_does_not_wait_on_workers_of_a_job_that_never_ran(tmp_path):
+    manager, job = _manager_with_job(tmp_path)
+    job.state = JobState.INITIALIZING
+    calls: list[str] = []
+    job.workers = [_NeverPlaced(calls)]
+    manager.stop_all()
+    assert calls == [] and job.workers == []  # killed, not closed

@@ -469,7 +469,9 @@ class JobManager:
             self._frozen = True
         for job in list(self.jobs.values()):
             job.cancel_requested = True
-            if job.workers:
+            # a job not running yet (workers never placed, or still loading) has nothing to
+            # close: its workers are killed below instead of waiting a close out for each
+            if job.workers and job.state is JobState.RUNNING:
                 try:
                     ray.get([w.close.remote() for w in job.workers], timeout=60)
                 except Exception as exc:
