@@ -23,6 +23,8 @@ BENCHMARKS = {
     "weight_sync": {},
     "load": {},
     "tinker": {},
+    "lora_sync": {},
+    "tinker_models": {},
 }
 
 

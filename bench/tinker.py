@@ -31,7 +31,9 @@ PHASES = ("sample", "build", "fwd_bwd", "optim", "sync")
 ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
 
 
-def _start_tinker_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_tinker_server(
+    home: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     from arctic_platform.rl.testing import free_port
 
     port = free_port()
@@ -44,7 +46,7 @@ def _start_tinker_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
         args,
         health_url=f"{url}/api/v1/healthz",
         log=home / "server.log",
-        env={**os.environ, "ARCTIC_RL_HOME": str(home)},
+        env={**os.environ, "ARCTIC_RL_HOME": str(home), **(env or {})},
     )
     return process, url
 
@@ -257,6 +259,7 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
             port=free_port(),
             ray_auto_attach=False,
             server_logs=False,
+            training_config={"lora": {"rank": 8}},  # the same work: the SDK's model is rank 8
         )
         client = ArcticRLClient(config, progress=False)
         client.sync_weights()
