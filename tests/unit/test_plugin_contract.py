@@ -340,6 +340,10 @@ def _payloads(ids: dict[str, int]) -> dict[str, dict[str, Any]]:
         "sleep_log_prob": {"job_id": lp},
         "wake_log_prob": {"job_id": lp},
         "reset_prefix_cache": {"job_id": s},
+        "open_session": {"job_id": s, "ttl": 60.0},
+        "list_sessions": {"job_id": s},
+        "close_session": {"session_id": "ab12"},
+        "session_trajectory": {"session_id": "ab12"},
     }
 
 
@@ -447,6 +451,11 @@ def test_tinker_is_a_front_end_without_a_client_of_ours():
         spec.create("127.0.0.1", 8000, "tml-token")
 
 
+# Agent sessions (issue 26) are served by the local server's http transport; the platform
+# does not offer them yet.
+DSS_NOT_YET = frozenset({"open_session", "list_sessions", "close_session", "session_trajectory"})
+
+
 def test_dss_platform_serves_every_operation_through_the_platform(tmp_path):
     """DssTransport → the platform app → PlatformService → the core operation, for each row."""
     import uvicorn
@@ -486,6 +495,11 @@ def test_dss_platform_serves_every_operation_through_the_platform(tmp_path):
         served = {"initialize"}
         for name in [n for n in ORDER if n != "shutdown"]:
             before = len(recorder.calls)
+            if name in DSS_NOT_YET:  # refused by name, before anything is sent
+                with pytest.raises(api.TransportError, match="not offered"):
+                    first.call(name, payloads.get(name, {}))
+                served.add(name)
+                continue
             first.call(name, payloads.get(name, {}))
             expected = own.get(name, name)
             if expected is not None:

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from arctic_platform.rl.agents.client_sessions import SessionMethods
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, JobStateError, ServerError, TransportError
 from arctic_platform.rl.interfaces import Backend, ClientTransport
@@ -48,7 +49,7 @@ def _memory_call(
     return call
 
 
-class ArcticRLClient:
+class ArcticRLClient(SessionMethods):
     """Drives the training, sampling and log-prob jobs of one RL run."""
 
     def __init__(

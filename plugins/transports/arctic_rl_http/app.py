@@ -29,6 +29,7 @@ from arctic_platform.rl.api import (
     http_common,
     install_openapi,
 )
+from arctic_rl_http.openai_routes import add_openai_routes
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ def build_app(
             openapi_extra=_openapi_extra(op),
             include_in_schema=True,
         )
+    add_openai_routes(app, server, token, max_request_bytes)
     install_openapi(app, _add_schemas)
 
     async def http_error(_: Request, exc: Exception) -> Response:

@@ -21,16 +21,13 @@ from arctic_platform.rl import __version__, wire
 from arctic_platform.rl.batch import Batch, BatchLimits
 from arctic_platform.rl.errors import (
     ArcticRLError,
-    CheckpointNotFoundError,
     InvalidRequestError,
     JobStateError,
 )
+from arctic_platform.rl.server.agent_ops import AgentOps
+from arctic_platform.rl.server.checkpoint_ops import CheckpointOps
 from arctic_platform.rl.server.checkpoints import (
     check_checkpoint_path,
-    checkpoint_root,
-    confine,
-    forget_checkpoint,
-    load_target,
     record_checkpoint,
 )
 from arctic_platform.rl.server.job_state import Job, JobState
@@ -73,7 +70,7 @@ def _memory_operation(
     return operation
 
 
-class RLServer:
+class RLServer(CheckpointOps):
     """The server's operations over a ``JobManager`` on Ray."""
 
     def __init__(
@@ -102,6 +99,7 @@ class RLServer:
         self.started_at = time.time()
         self.monitor_interval = monitor_interval
         self.weight_sync = WeightSyncOps(self.jobs, sync_timeout, sync_bucket_bytes)
+        self.agents = AgentOps(self.jobs, self.generate)
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         # per training job, the workers its request ids were last checked against
@@ -393,67 +391,6 @@ class RLServer:
             job.changed()
             return result
 
-    def checkpoint_root(self, job: Job) -> Path:
-        """Where a training job's checkpoints live (``checkpoints.checkpoint_root``)."""
-        return checkpoint_root(self.run_dir, job)
-
-    def _confined(self, job: Job, path: str) -> Path:
-        return confine(self.checkpoint_root(job), path)
-
-    def save_checkpoint(self, request: wire.SaveCheckpointRequest) -> dict[str, Any]:
-        """Save full training state on every rank; returns the checkpoint path and step."""
-        job = self.jobs.running(request.job_id, "training")
-        if request.tag is not None:
-            self._confined(job, request.tag)
-        root = self.checkpoint_root(job)
-        with job.lock:
-            self._settle(job)
-            paths = self._all_ranks(
-                job, "save_checkpoint", str(root), request.tag, **request.adapter_kwargs()
-            )
-            step = self.jobs.call(job, [job.workers[0].global_step.remote()], "save_checkpoint")[0]
-            record_checkpoint(job, int(step), str(paths[0]))
-            job.latest_checkpoint = str(paths[0])
-            job.global_step = int(step)
-            job.changed()
-            return {"path": str(paths[0]), "global_step": int(step)}
-
-    def load_checkpoint(self, request: wire.LoadCheckpointRequest) -> dict[str, Any]:
-        """Load by path, by step, or the latest checkpoint; returns the restored global step."""
-        # The recorded path goes to the training engine, whose discovery resolves it (a save cut
-        # short between its renames leaves the complete copy hidden); the table then keeps the
-        # step the engine restored for that path.
-        job = self.jobs.running(request.job_id, "training")
-        explicit = self._confined(job, request.path) if request.path is not None else None
-        with job.lock:
-            self._settle(job)  # a restart's restore first: it may correct the saved steps
-            if explicit is not None:
-                target = explicit
-            else:
-                target = load_target(self.run_dir, job, request.step)
-            try:
-                options = request.adapter_kwargs()
-                if not request.optimizer:  # only when asked: engines before it lack the keyword
-                    options["optimizer"] = False
-                steps = self._all_ranks(job, "load_checkpoint", str(target), **options)
-            except CheckpointNotFoundError as exc:
-                if explicit is not None:
-                    raise
-                raise forget_checkpoint(job, target, request.step, exc) from None
-            restored = int(steps[0])
-            job.global_step = restored
-            if explicit is None:  # a recorded checkpoint: keep what the engine found there
-                record_checkpoint(job, restored, str(target))
-            roll_back_requests(job.request_ids, restored)
-            job.changed()
-            if request.step is not None and explicit is None and restored != request.step:
-                raise JobStateError(
-                    f"the checkpoint of step {request.step} at {target} was being replaced by a "
-                    f"save of step {restored} that was cut short; the engine found that "
-                    f"complete copy and job {job.job_id} is at step {restored} now"
-                )
-            return {"global_step": restored, "path": str(target)}
-
     def add_adapter(self, request: wire.AddAdapterRequest) -> dict[str, Any]:
         """A new named LoRA adapter on every rank of a training job (``adapters`` listed)."""
         job = self.jobs.running(request.job_id, "training")
@@ -544,6 +481,24 @@ class RLServer:
             raise JobStateError(f"job {job.job_id} is a training job; it has no prefix cache")
         self._all_ranks(job, "reset_prefix_cache")
         return {"ok": True}
+
+    # --- agent sessions (``agent_ops``) ----------------------------------------------------
+
+    def open_session(self, request: wire.OpenSessionRequest) -> dict[str, Any]:
+        """Open an agent session on a sampling job: its id, key and OpenAI base path."""
+        return self.agents.open_session(request)
+
+    def list_sessions(self, request: wire.ListSessionsRequest) -> dict[str, Any]:
+        """The open agent sessions (of one sampling job when ``job_id`` is given)."""
+        return self.agents.list_sessions(request)
+
+    def close_session(self, request: wire.SessionRequest) -> dict[str, Any]:
+        """Close an agent session."""
+        return self.agents.close_session(request)
+
+    def session_trajectory(self, request: wire.SessionRequest) -> dict[str, Any]:
+        """An agent session's turns and merged training rows (the ``Batch`` fields)."""
+        return self.agents.session_trajectory(request)
 
     # --- weights ------------------------------------------------------------------------
 

@@ -60,6 +60,23 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("sleep_log_prob", "/sleep-log-prob", wire.SleepRequest, idempotent=True),
     Operation("wake_log_prob", "/wake-log-prob", wire.SleepRequest, idempotent=True),
     Operation("reset_prefix_cache", "/reset-prefix-cache", wire.JobRequest, idempotent=True),
+    Operation("open_session", "/sessions", wire.OpenSessionRequest),
+    Operation(
+        "list_sessions",
+        "/sessions",
+        wire.ListSessionsRequest,
+        "GET",
+        idempotent=True,
+        query=("job_id",),
+    ),
+    Operation("close_session", "/sessions/{session_id}/close", wire.SessionRequest),
+    Operation(
+        "session_trajectory",
+        "/sessions/{session_id}/trajectory",
+        wire.SessionRequest,
+        "GET",
+        idempotent=True,
+    ),
     Operation("shutdown", "/shutdown", wire.EmptyRequest),
 )
 

@@ -287,11 +287,35 @@ class EmptyRequest(_Request):
     """An operation that takes no arguments."""
 
 
+SESSION_ID_PATTERN = r"^[0-9a-f]{1,64}$"
+
+
+class OpenSessionRequest(JobRequest):
+    """Open an agent session on sampling job ``job_id``: turns older than ``max_staleness``
+    weight versions are refused; it expires ``ttl`` seconds after its last use."""
+
+    max_staleness: int | None = Field(default=None, ge=0)
+    ttl: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+
+
+class ListSessionsRequest(_Request):
+    """List the open agent sessions (of sampling job ``job_id`` when given)."""
+
+    job_id: JobId | None = None
+
+
+class SessionRequest(_Request):
+    """An operation on one agent session."""
+
+    session_id: str = Field(min_length=1, max_length=64, pattern=SESSION_ID_PATTERN)
+
+
 __all__ = [
     "ADAPTER_NAME_PATTERN",
     "CHECKPOINT_TAG_PATTERN",
     "JOB_TYPES",
     "MAX_JOB_IDS",
+    "SESSION_ID_PATTERN",
     "AdapterRequest",
     "AddAdapterRequest",
     "BatchField",
@@ -304,10 +328,13 @@ __all__ = [
     "JobId",
     "JobRequest",
     "JobType",
+    "ListSessionsRequest",
     "LoadCheckpointRequest",
     "LogProbsRequest",
+    "OpenSessionRequest",
     "RemoveAdapterRequest",
     "SaveCheckpointRequest",
+    "SessionRequest",
     "SleepRequest",
     "StepRequest",
     "SyncWeightsRequest",

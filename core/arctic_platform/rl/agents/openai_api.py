@@ -1,0 +1,262 @@
+"""The OpenAI-compatible request bodies of agent sessions and the answers built from a sampled
+turn: ``/chat/completions`` and vLLM's token-in ``/inference/v1/generate`` (pure: no server).
+
+A malformed body is a ``BadRequestError`` (400), so the ``openai`` client raises its own
+``BadRequestError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.models import SessionTurn
+from arctic_platform.rl.errors import BadRequestError
+from arctic_platform.rl.wire.requests import describe_errors
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+TOOL_CHOICES = frozenset({"auto", "none"})
+
+
+class ChatCompletionBody(BaseModel):
+    """The fields of an OpenAI chat-completions request that a session honours (others are
+    accepted and ignored, as vLLM does); ``return_token_ids`` is vLLM's extra."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+class TokenGenerateBody(BaseModel):
+    """vLLM's token-in generate request: ``token_ids`` and ``sampling_params``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+
+
+def parse_body(model: type[BaseModel], body: Any) -> Any:
+    """``body`` validated as ``model``; a ``BadRequestError`` naming the fields otherwise."""
+    if not isinstance(body, Mapping):
+        raise BadRequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(dict(body))
+    except ValidationError as exc:
+        raise BadRequestError(f"invalid request: {describe_errors(exc)}") from None
+
+
+def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse (400) messages that are not chat messages of a known role."""
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise BadRequestError(
+                f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}"
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequestError(f"messages[{i}].content must be a string, a list or null")
+        if role != "assistant" and content is None:
+            raise BadRequestError(f"messages[{i}] ({role}) has no content")
+        calls = message.get("tool_calls")
+        if calls is not None and (role != "assistant" or not isinstance(calls, list)):
+            raise BadRequestError(f"messages[{i}].tool_calls must be an assistant's list")
+
+
+def check_chat(body: ChatCompletionBody) -> None:
+    """Refuse (400) what this server does not do yet: ``n`` > 1, streaming, forced tools."""
+    check_messages(body.messages)
+    if body.n is not None and body.n > 1:
+        raise BadRequestError("n > 1 is not supported on a session yet; send n=1")
+    if body.stream:
+        raise BadRequestError("stream=true is not supported on a session yet")
+    choice = body.tool_choice
+    if choice is not None and not (isinstance(choice, str) and choice in TOOL_CHOICES):
+        raise BadRequestError(
+            f"tool_choice {choice!r} is not supported yet; use 'auto' or 'none' "
+            "(constrained decoding for 'required' and named tools comes later)"
+        )
+
+
+def chat_sampling_params(
+    body: ChatCompletionBody, tokenizer: ChatTokenizer, room: int | None
+) -> dict[str, Any]:
+    """The vLLM sampling params of a chat request; ``room``: tokens left in the context
+    (the default ``max_tokens``). ``tool_choice="none"`` stops at a ``<tool_call>`` token."""
+    params: dict[str, Any] = {"n": 1}
+    max_tokens = body.max_completion_tokens or body.max_tokens or room
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(body, name)
+        if value is not None:
+            params[name] = value
+    if body.stop is not None:
+        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    if body.logprobs and body.top_logprobs:
+        params["logprobs"] = body.top_logprobs
+    if body.tool_choice == "none" and body.tools:
+        start = tokenizer.token_id("<tool_call>")
+        if start is not None:
+            params["stop_token_ids"] = [start]
+    return params
+
+
+def _token_text(tokenizer: ChatTokenizer, token_id: int, as_ids: bool) -> str:
+    if as_ids:
+        return f"token_id:{token_id}"
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def logprob_content(
+    tokenizer: ChatTokenizer,
+    ids: Sequence[int],
+    log_probs: Sequence[float],
+    top: Sequence[Sequence[Sequence[float]]] | None = None,
+    *,
+    as_ids: bool = False,
+) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content``: one entry per sampled id (``token_id`` added, vLLM-style),
+    with ``top_logprobs`` from ``top`` ([[id, logprob], ...] per position) when given."""
+    out = []
+    for i, (token_id, value) in enumerate(zip(ids, log_probs, strict=True)):
+        text = _token_text(tokenizer, int(token_id), as_ids)
+        alternatives = []
+        for pair in (top[i] if top is not None and i < len(top) else []) or []:
+            alt = _token_text(tokenizer, int(pair[0]), as_ids)
+            alternatives.append(
+                {"token": alt, "logprob": float(pair[1]), "bytes": list(alt.encode())}
+            )
+        out.append(
+            {
+                "token": text,
+                "token_id": int(token_id),
+                "logprob": float(value),
+                "bytes": list(text.encode()),
+                "top_logprobs": alternatives,
+            }
+        )
+    return out
+
+
+def chat_response(
+    body: ChatCompletionBody,
+    turn: SessionTurn,
+    completion: Mapping[str, Any],
+    tokenizer: ChatTokenizer,
+    *,
+    session_id: str,
+    model: str,
+) -> dict[str, Any]:
+    """The ``chat.completion`` answer of a recorded ``turn``; token ids and weight versions
+    only with ``return_token_ids``, log-probs only with ``logprobs``."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": turn.message.to_openai(),
+        "finish_reason": turn.finish_reason,
+        "logprobs": None,
+    }
+    if body.logprobs:
+        content = logprob_content(
+            tokenizer,
+            turn.completion_ids,
+            turn.completion_log_probs,
+            completion.get("top_logprobs") if body.top_logprobs else None,
+            as_ids=body.return_tokens_as_token_ids,
+        )
+        choice["logprobs"] = {"content": content}
+    answer: dict[str, Any] = {
+        "id": f"chatcmpl-{session_id}-{turn.index}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(turn.prompt_ids),
+            "completion_tokens": len(turn.completion_ids),
+            "total_tokens": len(turn.prompt_ids) + len(turn.completion_ids),
+        },
+    }
+    if body.return_token_ids:
+        answer["prompt_token_ids"] = list(turn.prompt_ids)
+        choice["token_ids"] = list(turn.completion_ids)
+        choice["weight_version_start"] = turn.weight_version_start
+        choice["weight_version_end"] = turn.weight_version_end
+        if turn.weight_version_spans:
+            choice["weight_version_spans"] = turn.weight_version_spans
+    return answer
+
+
+def generate_response(
+    turn: SessionTurn,
+    completion: Mapping[str, Any],
+    tokenizer: ChatTokenizer,
+    *,
+    session_id: str,
+    model: str,
+) -> dict[str, Any]:
+    """vLLM's token-in generate answer: ``choices[0]`` with ``token_ids``, ``logprobs.content``
+    (``token`` is ``"token_id:N"``, and ``token_id``) and ``finish_reason``."""
+    content = logprob_content(
+        tokenizer,
+        turn.completion_ids,
+        turn.completion_log_probs,
+        completion.get("top_logprobs"),
+        as_ids=True,
+    )
+    return {
+        "id": f"gen-{session_id}-{turn.index}",
+        "request_id": f"gen-{session_id}-{turn.index}",
+        "object": "generate",
+        "model": model,
+        "prompt_token_ids": list(turn.prompt_ids),
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": list(turn.completion_ids),
+                "logprobs": {"content": content},
+                "finish_reason": str(completion.get("finish_reason") or turn.finish_reason),
+                "weight_version_start": turn.weight_version_start,
+                "weight_version_end": turn.weight_version_end,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(turn.prompt_ids),
+            "completion_tokens": len(turn.completion_ids),
+            "total_tokens": len(turn.prompt_ids) + len(turn.completion_ids),
+        },
+    }
+
+
+__all__ = [
+    "ChatCompletionBody",
+    "TokenGenerateBody",
+    "chat_response",
+    "chat_sampling_params",
+    "check_chat",
+    "check_messages",
+    "generate_response",
+    "logprob_content",
+    "parse_body",
+]

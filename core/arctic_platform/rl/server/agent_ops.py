@@ -1,0 +1,301 @@
+"""``AgentOps``: agent sessions of sampling jobs, as the ``RLServer`` serves them.
+
+Operations (``open_session``, ``list_sessions``, ``close_session``, ``session_trajectory``)
+come through the operations table; the OpenAI-compatible turns (``chat_completion``,
+``token_generate``, ``models``) are called by the http transport's session routes. Each turn
+plans its prompt ids with the session (token-faithful), samples through the server's
+``generate`` and records what came back. Expired sessions are gone (404).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from arctic_platform.rl import wire
+from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.openai_api import (
+    ChatCompletionBody,
+    TokenGenerateBody,
+    chat_response,
+    chat_sampling_params,
+    check_chat,
+    generate_response,
+    parse_body,
+)
+from arctic_platform.rl.agents.session import AgentSession
+from arctic_platform.rl.agents.store import SessionStore
+from arctic_platform.rl.agents.turns import PromptPlan
+from arctic_platform.rl.errors import BadRequestError, InvalidRequestError, NotFoundError
+from arctic_platform.rl.server.job_state import Job
+
+SESSION_PATH = "/s/{sid}/v1"
+CPU_CONTEXT_CAP = 4096
+"""The sampling engine's context on CPU when the config sets none (``vllm_common``)."""
+
+Generate = Callable[[wire.GenerateRequest], dict[str, Any]]
+
+
+class JobLookup(Protocol):
+    """What sessions need of the job manager: a job by id (404 when unknown)."""
+
+    def get(self, job_id: int) -> Job: ...
+
+
+def _model_context(model_dir: str, job_config: dict[str, Any]) -> int | None:
+    """The sampling job's context: ``vllm_config.max_model_len``, else the model's own
+    (``max_position_embeddings``) capped at the CPU engine's default (the engine still
+    refuses a longer prompt by its own limit)."""
+    vllm = job_config.get("vllm_config") or {}
+    if isinstance(vllm, dict) and vllm.get("max_model_len"):
+        return int(vllm["max_model_len"])
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    positions = config.get("max_position_embeddings")
+    return min(positions, CPU_CONTEXT_CAP) if isinstance(positions, int) else None
+
+
+class AgentOps:
+    """Sessions on the server's sampling jobs; ``generate`` is ``RLServer.generate``."""
+
+    def __init__(self, jobs: JobLookup, generate: Generate) -> None:
+        self.jobs = jobs
+        self._generate = generate
+        self._tokenizers: dict[str, ChatTokenizer] = {}
+        self._lock = threading.Lock()
+        self.store = SessionStore(self._tokenizer)
+        self._job_of: dict[str, int] = {}
+        self._by_key: dict[str, str] = {}
+        self._context: dict[int, int | None] = {}
+
+    def _tokenizer(self, model: str) -> ChatTokenizer:
+        with self._lock:
+            known = self._tokenizers.get(model)
+        if known is not None:
+            return known
+        try:
+            tokenizer = ChatTokenizer.from_pretrained(model)
+        except (OSError, ValueError) as exc:
+            raise InvalidRequestError(f"no chat tokenizer for {model!r}: {exc}") from None
+        with self._lock:
+            self._tokenizers[model] = tokenizer
+        return tokenizer
+
+    def _session(self, session_id: str) -> AgentSession:
+        for gone in self.store.expire():
+            self._forget(gone)
+        return self.store.get(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        self._job_of.pop(session_id, None)
+        for key, sid in list(self._by_key.items()):
+            if sid == session_id:
+                self._by_key.pop(key, None)
+
+    # --- operations ------------------------------------------------------------------------
+
+    def open_session(self, request: wire.OpenSessionRequest) -> dict[str, Any]:
+        """A new session on a sampling job: ``session_id``, ``key`` and ``base_url_path``."""
+        job = self.jobs.get(request.job_id)
+        if job.job_type != "sampling":
+            raise InvalidRequestError(f"job {job.job_id} is a {job.job_type} job, not sampling")
+        model = str(job.config.get("model_name") or "")
+        opened = self.store.open(model, max_staleness=request.max_staleness, ttl=request.ttl)
+        self._job_of[opened.session_id] = job.job_id
+        self._by_key[opened.key] = opened.session_id
+        state = self.store.get(opened.session_id).state
+        return {
+            "session_id": opened.session_id,
+            "key": opened.key,
+            "job_id": job.job_id,
+            "model": model,
+            "base_url_path": SESSION_PATH.format(sid=opened.session_id),
+            "expires_at": state.expires_at,
+        }
+
+    def list_sessions(self, request: wire.ListSessionsRequest) -> dict[str, Any]:
+        """Every open session (of ``job_id`` when given): ids, models, turn counts, expiry."""
+        for gone in self.store.expire():
+            self._forget(gone)
+        out = []
+        for state in self.store.list():
+            job_id = self._job_of.get(state.session_id)
+            if request.job_id is not None and job_id != request.job_id:
+                continue
+            turns = len(self.store.get(state.session_id).state.turns)
+            out.append(
+                {
+                    "session_id": state.session_id,
+                    "job_id": job_id,
+                    "model": state.model,
+                    "turns": turns,
+                    "max_staleness": state.max_staleness,
+                    "created_at": state.created_at,
+                    "expires_at": state.expires_at,
+                }
+            )
+        return {"sessions": out}
+
+    def close_session(self, request: wire.SessionRequest) -> dict[str, Any]:
+        """Close a session (its trajectory goes with it); answers its turn count."""
+        self._session(request.session_id)
+        state = self.store.close(request.session_id)
+        self._forget(request.session_id)
+        return {"session_id": state.session_id, "closed": True, "turns": len(state.turns)}
+
+    def session_trajectory(self, request: wire.SessionRequest) -> dict[str, Any]:
+        """The session's turns and merged rows (``Trajectory``), and ``batch``: the rows as the
+        ``Batch`` fields ``fwd_bwd`` takes (input_ids, loss_mask, old_log_probs)."""
+        trajectory = self._session(request.session_id).trajectory()
+        return {**trajectory.model_dump(mode="json"), "batch": trajectory.batch_fields()}
+
+    # --- session routes --------------------------------------------------------------------
+
+    def session_for_key(self, key: str | None) -> str | None:
+        """The id of the open session whose key is ``key``, or None."""
+        return self._by_key.get(key) if key else None
+
+    def authorize(self, session_id: str, key: str | None) -> None:
+        """404 unless ``session_id`` is open (and ``key``, when given, is its key)."""
+        self._session(session_id)
+        self.store.get(session_id, key)
+
+    def _job_id(self, session_id: str) -> int:
+        job_id = self._job_of.get(session_id)
+        if job_id is None:
+            raise NotFoundError(f"no agent session {session_id!r}")
+        return job_id
+
+    def _room(self, session: AgentSession, job_id: int, prompt: int) -> int | None:
+        """Tokens left after a ``prompt``-token prompt; 400 when none are."""
+        if job_id not in self._context:
+            job = self.jobs.get(job_id)
+            self._context[job_id] = _model_context(session.state.model, job.config)
+        context = self._context[job_id]
+        if context is None:
+            return None
+        if prompt >= context:
+            raise BadRequestError(
+                f"the prompt is {prompt} tokens; the model's context is {context} "
+                "(max_model_len), with at least one token to generate"
+            )
+        return context - prompt
+
+    def _check_staleness(self, session: AgentSession, job_id: int) -> None:
+        limit = session.state.max_staleness
+        turns = session.state.turns
+        if limit is None or not turns or turns[0].weight_version_start is None:
+            return
+        now = self.jobs.get(job_id).weight_version
+        if now - turns[0].weight_version_start > limit:
+            raise BadRequestError(
+                f"session {session.state.session_id} began on weight version "
+                f"{turns[0].weight_version_start}; version {now} is past its max_staleness "
+                f"of {limit}"
+            )
+
+    def _sample(self, job_id: int, prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        answer = self._generate(
+            wire.GenerateRequest(job_id=job_id, prompts=[prompt], sampling_params=params)
+        )
+        return dict(answer["outputs"][0]["completions"][0])
+
+    def _record(
+        self,
+        session: AgentSession,
+        plan: PromptPlan,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        completion: dict[str, Any],
+    ) -> Any:
+        turn, _ = session.record(
+            plan,
+            messages,
+            tools,
+            [int(i) for i in completion["token_ids"]],
+            [float(v) for v in completion["logprobs"]],
+            finish_reason=str(completion.get("finish_reason") or "stop"),
+            weight_version_start=completion.get("weight_version_start"),
+            weight_version_end=completion.get("weight_version_end"),
+            weight_version_spans=completion.get("weight_version_spans"),
+        )
+        return turn
+
+    def chat_completion(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One ``/chat/completions`` turn of a session (OpenAI's answer shape)."""
+        session = self._session(session_id)
+        job_id = self._job_id(session_id)
+        request: ChatCompletionBody = parse_body(ChatCompletionBody, body)
+        check_chat(request)
+        self._check_staleness(session, job_id)
+        try:
+            plan = session.prompt(request.messages, request.tools)
+        except Exception as exc:  # the chat template refused the messages
+            raise BadRequestError(f"the messages cannot be rendered: {exc}") from None
+        room = self._room(session, job_id, len(plan.prompt_ids))
+        params = chat_sampling_params(request, session.tokenizer, room)
+        completion = self._sample(job_id, plan.prompt_ids, params)
+        turn = self._record(session, plan, request.messages, request.tools, completion)
+        self.store.touch(session_id)
+        return chat_response(
+            request,
+            turn,
+            completion,
+            session.tokenizer,
+            session_id=session_id,
+            model=session.state.model,
+        )
+
+    def token_generate(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One token-in ``/inference/v1/generate`` turn (vLLM's answer shape)."""
+        session = self._session(session_id)
+        job_id = self._job_id(session_id)
+        request: TokenGenerateBody = parse_body(TokenGenerateBody, body)
+        self._check_staleness(session, job_id)
+        prompt = [int(i) for i in request.token_ids]
+        last = session.state.turns[-1] if session.state.turns else None
+        previous = [*last.prompt_ids, *last.completion_ids] if last is not None else []
+        extends = last is not None and prompt[: len(previous)] == previous
+        plan = PromptPlan(
+            prompt_ids=prompt,
+            segment=0 if last is None else last.segment + (0 if extends else 1),
+            prefix_break=last is not None and not extends,
+            reused=len(previous) if extends else 0,
+            break_reason=None if last is None or extends else "the token ids edit the history",
+        )
+        room = self._room(session, job_id, len(prompt))
+        params = dict(request.sampling_params)
+        params.setdefault("n", 1)
+        if room is not None:
+            params["max_tokens"] = min(int(params.get("max_tokens") or room), room)
+        completion = self._sample(job_id, prompt, params)
+        turn = self._record(session, plan, [], None, completion)
+        self.store.touch(session_id)
+        return generate_response(
+            turn, completion, session.tokenizer, session_id=session_id, model=session.state.model
+        )
+
+    def models(self, session_id: str) -> dict[str, Any]:
+        """OpenAI's model list: the session's model with its ``max_model_len``."""
+        session = self._session(session_id)
+        job_id = self._job_id(session_id)
+        if job_id not in self._context:
+            self._context[job_id] = _model_context(
+                session.state.model, self.jobs.get(job_id).config
+            )
+        entry = {
+            "id": session.state.model,
+            "object": "model",
+            "created": int(session.state.created_at),
+            "owned_by": "arctic-rl",
+            "max_model_len": self._context[job_id],
+        }
+        return {"object": "list", "data": [entry]}
+
+
+__all__ = ["SESSION_PATH", "AgentOps"]

@@ -1,0 +1,142 @@
+"""OpenAI-compatible routes of agent sessions, mounted by the http app.
+
+Under ``/s/{sid}/v1``: ``POST /chat/completions`` and ``GET /models``; vLLM's token-in
+``POST /s/{sid}/inference/v1/generate``. The same routes without the ``/s/{sid}`` prefix find
+the session from an ``X-Session-ID`` header or from the session key sent as the bearer API key.
+
+Auth: with a server token (required off loopback) a request carries either that token or the
+session's key as its bearer; without one, any request to an open session passes. Errors are
+OpenAI's ``{"error": {"message", "type", "code"}}``: 404 for an unknown or expired session,
+400 for a malformed body or a prompt over the context (a 422 is answered as 400).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from arctic_platform.rl.api import (
+    AuthError,
+    BadRequestError,
+    NotFoundError,
+    RLServer,
+    http_common,
+)
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-session-id"
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+}
+
+
+def openai_error(exc: BaseException) -> Response:
+    """OpenAI's error answer for ``exc``: its status (422 read as 400) and a typed body."""
+    status, message, code = http_common.error_status(exc)
+    if status == 422:
+        status = 400
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "code": code, "param": None}}
+    return http_common.json_response(body, status)
+
+
+def _bearer(headers: Any) -> str | None:
+    scheme, _, value = (headers.get("authorization") or "").partition(" ")
+    return value.strip() or None if scheme.lower() == "bearer" else None
+
+
+class SessionRoute:
+    """One session route: auth, body, the ``AgentOps`` call in a worker thread, errors."""
+
+    def __init__(
+        self,
+        server: RLServer,
+        token: str | None,
+        call: Callable[[Any, str, Any], dict[str, Any]],
+        max_request_bytes: int,
+        *,
+        has_body: bool,
+    ) -> None:
+        self.server = server
+        self.token = token
+        self.call = call
+        self.max_request_bytes = max_request_bytes
+        self.has_body = has_body
+
+    def _session_id(self, agents: Any, request: Request) -> str:
+        """The session of ``request``, checked against the token rule."""
+        bearer = _bearer(request.headers)
+        by_key = agents.session_for_key(bearer)
+        sid = request.path_params.get("sid") or request.headers.get(SESSION_HEADER) or by_key
+        if not sid:
+            raise NotFoundError(
+                "no agent session given: use the /s/{sid}/v1 base URL, the session key as the "
+                "API key, or an X-Session-ID header"
+            )
+        if self.token is not None:
+            is_token = bearer is not None and hmac.compare_digest(bearer, self.token)
+            if not is_token and by_key != sid:
+                if bearer is None:
+                    raise AuthError("send the session key (or the server token) as the API key")
+                agents.authorize(sid, None)  # an unknown session is a 404 before a 401
+                raise AuthError("the API key is neither this session's key nor the server token")
+        agents.authorize(sid, None)
+        return str(sid)
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            agents = getattr(self.server, "agents", None)
+            if agents is None:
+                raise NotFoundError("this server has no agent sessions")
+            sid = self._session_id(agents, request)
+            body: Any = None
+            if self.has_body:
+                raw = await http_common.read_body(request, self.max_request_bytes)
+                if not raw:
+                    raise BadRequestError("the request has no JSON body")
+                body = http_common.read_json_body(raw)
+            result = await run_in_threadpool(self.call, agents, sid, body)
+            return http_common.json_response(result)
+        except Exception as exc:
+            status = http_common.error_status(exc)[0]
+            if status >= 500:
+                logger.error("%s failed: %s", request.url.path, exc, exc_info=True)
+            return openai_error(exc)
+
+
+ROUTES: tuple[tuple[str, str, str, Callable[[Any, str, Any], dict[str, Any]]], ...] = (
+    ("POST", "/v1/chat/completions", "chat_completions", lambda a, s, b: a.chat_completion(s, b)),
+    ("GET", "/v1/models", "models", lambda a, s, b: a.models(s)),
+    ("POST", "/inference/v1/generate", "token_generate", lambda a, s, b: a.token_generate(s, b)),
+)
+
+
+def add_openai_routes(
+    app: FastAPI, server: RLServer, token: str | None, max_request_bytes: int
+) -> None:
+    """Mount the session routes, under ``/s/{sid}`` and (session from header or key) bare."""
+    for method, path, name, call in ROUTES:
+        route = SessionRoute(server, token, call, max_request_bytes, has_body=method == "POST")
+        for prefix in ("/s/{sid}", ""):
+            app.add_api_route(
+                prefix + path,
+                route,
+                methods=[method],
+                name=f"session_{name}" + ("_by_header" if not prefix else ""),
+                include_in_schema=False,
+            )
+
+
+__all__ = ["SESSION_HEADER", "add_openai_routes", "openai_error"]

@@ -1,0 +1,236 @@
+"""Agent sessions over the http app without an engine: the session operations, the OpenAI
+routes driven by the real ``openai`` client (a fake ``generate`` samples fixed ids), the
+OpenAI error bodies and the token rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from arctic_platform.rl.server.agent_ops import AgentOps
+from arctic_platform.rl.server.job_state import Job
+from arctic_platform.rl.wire.operations import BY_NAME
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+TOKEN = "server-token-0123456789"
+CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "4821"}}\n</tool_call>'
+
+
+class FakeJobs:
+    """One sampling job (id 1) of the tokenizer's directory; ``weight_version`` settable."""
+
+    def __init__(self, model: str) -> None:
+        self.job = Job(job_id=1, job_type="sampling", engine="vllm", config={}, num_gpus=1)
+        self.job.config = {"model_name": model, "vllm_config": {"max_model_len": 1024}}
+
+    def get(self, job_id: int) -> Job:
+        from arctic_platform.rl.errors import JobNotFoundError
+
+        if job_id != 1:
+            raise JobNotFoundError(f"no job {job_id}")
+        return self.job
+
+
+class FakeServer:
+    """What the http app needs of an ``RLServer``: ``handle`` and ``agents``."""
+
+    def __init__(self, model: str, replies: list[list[int]]) -> None:
+        import threading
+
+        self.jobs = FakeJobs(model)
+        self.replies = replies
+        self.requests: list[Any] = []
+        self.agents = AgentOps(self.jobs, self.generate)
+        self.shutdown_requested = threading.Event()
+
+    def generate(self, request: Any) -> dict[str, Any]:
+        self.requests.append(request)
+        ids = self.replies.pop(0) if self.replies else [3]
+        version = self.jobs.job.weight_version
+        completion = {
+            "token_ids": ids,
+            "logprobs": [-0.5] * len(ids),
+            "finish_reason": "stop",
+            "weight_version_start": version,
+            "weight_version_end": version,
+            "top_logprobs": [[[i, -0.5], [0, -2.0]] for i in ids],
+        }
+        return {"outputs": [{"completions": [completion]}], "weight_version": version}
+
+    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
+        request = BY_NAME[name].request.model_validate(payload or {})
+        return getattr(self.agents, name)(request)
+
+
+@pytest.fixture
+def tok_dir(chat_tok: Any, tmp_path: Any) -> str:
+    chat_tok.raw.save_pretrained(tmp_path / "tok")
+    return str(tmp_path / "tok")
+
+
+def _app(server: FakeServer, token: str | None) -> Any:
+    from fastapi.testclient import TestClient
+
+    from arctic_rl_http.app import build_app
+
+    return TestClient(build_app(server, token))  # type: ignore[arg-type]
+
+
+def _open(http: Any, token: str | None = TOKEN) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = http.post("/sessions", json={"job_id": 1, "ttl": 60}, headers=headers)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def _client(http: Any, base: str, key: str) -> Any:
+    return openai.OpenAI(base_url=f"http://testserver{base}", api_key=key, http_client=http)
+
+
+def test_two_turns_with_a_tool_are_token_faithful(chat_tok, tok_dir, tools):
+    call_ids = [*chat_tok.encode(CALL), chat_tok.eos_id]
+    answer_ids = [*chat_tok.encode("the value is 1234"), chat_tok.eos_id]
+    server = FakeServer(tok_dir, [call_ids, answer_ids])
+    http = _app(server, TOKEN)
+    opened = _open(http)
+    assert opened["base_url_path"] == f"/s/{opened['session_id']}/v1"
+    client = _client(http, opened["base_url_path"], opened["key"])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "value of key 4821?"}]
+    first = client.chat.completions.create(
+        model="m", messages=messages, tools=tools, max_tokens=32,
+        logprobs=True, top_logprobs=2, extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "lookup" and call.function.arguments == '{"key":"4821"}'
+    assert choice.model_extra["token_ids"] == call_ids
+    assert [c.token_id for c in choice.logprobs.content] == call_ids
+    assert len(choice.logprobs.content[0].top_logprobs) == 2
+    assert server.requests[0].sampling_params["logprobs"] == 2
+    prompt1 = first.model_extra["prompt_token_ids"]
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "1234"},
+    ]
+    second = client.chat.completions.create(model="m", messages=messages, tools=tools)
+    assert second.choices[0].message.content == "the value is 1234"
+    assert "token_ids" not in (second.choices[0].model_extra or {})
+    assert "prompt_token_ids" not in (second.model_extra or {})
+    trajectory = http.get(
+        f"/sessions/{opened['session_id']}/trajectory",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ).json()
+    turn1, turn2 = trajectory["turns"]
+    assert turn1["prompt_ids"] == prompt1 and turn1["completion_ids"] == call_ids
+    assert turn2["prompt_ids"][: len(prompt1) + len(call_ids)] == prompt1 + call_ids
+    assert turn2["prefix_break"] is False
+    (row,) = trajectory["rows"]
+    sampled = {len(prompt1) + i for i in range(len(call_ids))}
+    sampled |= {len(turn2["prompt_ids"]) + i for i in range(len(answer_ids))}
+    assert {i for i, m in enumerate(row["loss_mask"]) if m == 1.0} == sampled
+    assert trajectory["batch"]["input_ids"] == [row["input_ids"]]
+    # the max_tokens default is the room left in the context
+    assert server.requests[1].sampling_params["max_tokens"] == 1024 - len(turn2["prompt_ids"])
+
+
+def test_errors_are_openai_bodies_and_the_session_keeps_answering(chat_tok, tok_dir):
+    server = FakeServer(tok_dir, [])
+    http = _app(server, TOKEN)
+    opened = _open(http)
+    client = _client(http, opened["base_url_path"], opened["key"])
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError) as missing:
+        _client(http, "/s/0123abcd/v1", opened["key"]).chat.completions.create(
+            model="m", messages=user
+        )
+    assert missing.value.body["type"] == "not_found_error"
+    for bad in ([{"role": "wizard", "content": "x"}], [{"content": "x"}], []):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="m", messages=bad)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "1 " * 1100}]
+        )
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        client.chat.completions.create(model="m", messages=user, n=2)
+    with pytest.raises(openai.AuthenticationError):
+        _client(http, opened["base_url_path"], "wrong").chat.completions.create(
+            model="m", messages=user
+        )
+    ok = client.chat.completions.create(model="m", messages=user)
+    assert ok.choices[0].finish_reason == "stop"
+    # the server token works as the API key too
+    assert _client(http, opened["base_url_path"], TOKEN).models.list().data[0].id == tok_dir
+
+
+def test_models_generate_and_the_header_carrier(chat_tok, tok_dir):
+    server = FakeServer(tok_dir, [[5, 6, 3], [7, 3], [8, 3]])
+    http = _app(server, None)  # loopback without a token: an open session is enough
+    opened = _open(http, None)
+    sid = opened["session_id"]
+    models = http.get(f"/s/{sid}/v1/models").json()
+    assert models["data"][0]["id"] == tok_dir and models["data"][0]["max_model_len"] == 1024
+    body = {"model": "m", "token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}
+    answer = http.post(f"/s/{sid}/inference/v1/generate", json=body).json()
+    choice = answer["choices"][0]
+    assert choice["token_ids"] == [5, 6, 3] and choice["finish_reason"] == "stop"
+    assert [c["token"] for c in choice["logprobs"]["content"]] == [
+        "token_id:5", "token_id:6", "token_id:3",
+    ]  # fmt: skip
+    assert [c["token_id"] for c in choice["logprobs"]["content"]] == [5, 6, 3]
+    extended = {**body, "token_ids": [1, 2, 3, 5, 6, 3, 9]}
+    by_header = http.post("/inference/v1/generate", json=extended, headers={"X-Session-ID": sid})
+    assert by_header.status_code == 200, by_header.text
+    by_key = http.post(
+        "/inference/v1/generate",
+        json={**body, "token_ids": [4]},
+        headers={"Authorization": f"Bearer {opened['key']}"},
+    )
+    assert by_key.status_code == 200
+    turns = server.agents.session_trajectory(BY_NAME["session_trajectory"].request(session_id=sid))
+    breaks = [t["prefix_break"] for t in turns["turns"]]
+    assert breaks == [False, False, True] and [t["segment"] for t in turns["turns"]] == [0, 0, 1]
+    listed = http.get("/sessions", params={"job_id": 1}).json()["sessions"]
+    assert [(s["session_id"], s["turns"]) for s in listed] == [(sid, 3)]
+    assert http.post(f"/sessions/{sid}/close").json()["closed"] is True
+    gone = http.post(f"/s/{sid}/inference/v1/generate", json=body)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    assert http.get(f"/sessions/{sid}/trajectory").status_code == 404
+
+
+def test_sessions_expire_and_a_stale_session_is_refused(chat_tok, tok_dir):
+    server = FakeServer(tok_dir, [])
+    opened = server.agents.open_session(
+        BY_NAME["open_session"].request(job_id=1, max_staleness=0, ttl=60)
+    )
+    sid = opened["session_id"]
+    user = [{"role": "user", "content": "hi"}]
+    server.agents.chat_completion(sid, {"messages": user})
+    server.jobs.job.weight_version = 1
+    from arctic_platform.rl.errors import BadRequestError, NotFoundError
+
+    with pytest.raises(BadRequestError, match="max_staleness"):
+        server.agents.chat_completion(sid, {"messages": user})
+    server.agents.store.expire(now=server.agents.store.get(sid).state.expires_at)
+    with pytest.raises(NotFoundError):
+        server.agents.models(sid)
+
+
+def test_tool_choice_none_stops_at_a_tool_call_and_required_is_refused(chat_tok, tok_dir, tools):
+    server = FakeServer(tok_dir, [])
+    http = _app(server, None)
+    opened = _open(http, None)
+    client = _client(http, opened["base_url_path"], opened["key"])
+    user = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="m", messages=user, tools=tools, tool_choice="none")
+    assert server.requests[-1].sampling_params["stop_token_ids"] == [
+        chat_tok.token_id("<tool_call>")
+    ]
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(
+            model="m", messages=user, tools=tools, tool_choice="required"
+        )
