@@ -1,0 +1,160 @@
+"""Agent sessions on a real local server over http, driven by the real ``openai`` client
+(issue 26): a two-turn episode with a tool answered as openai-agents answers it, and the
+trajectory it leaves is token-faithful; unknown sessions and malformed messages are OpenAI
+errors after which the session still answers.
+
+One local-backend server with only a sampling job (vLLM on CPU) of the tiny ChatML model. The
+random model seldom emits a real tool call, so turn 2's history is built from whatever turn 1
+returned: the point is token faithfulness, not the model's skill.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from support.clients import client_config, local_client
+
+pytestmark = pytest.mark.slow
+
+openai = pytest.importorskip("openai")
+
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up the value stored under a key",
+        "parameters": {
+            "type": "object",
+            "properties": {"key": {"type": "string"}},
+            "required": ["key"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+EXTRA = {"return_token_ids": True}
+
+
+@pytest.fixture(scope="module")
+def rl(chatml_model_path, tmp_path_factory):
+    """A client of a local http server holding one sampling job of the ChatML model."""
+    from arctic_platform.rl.testing import free_port
+
+    config = client_config(chatml_model_path, port=free_port(), training_gpus=0, log_prob_gpus=0)
+    with local_client(tmp_path_factory.mktemp("agents-home"), config) as client:
+        yield client
+
+
+def _openai(handle: Any) -> Any:
+    assert handle.base_url is not None
+    return openai.OpenAI(base_url=handle.base_url, api_key=handle.api_key, max_retries=0)
+
+
+def _assistant(message: Any) -> dict[str, Any]:
+    """Turn 1's answer re-sent as openai-agents does: content None beside tool calls."""
+    if message.tool_calls:
+        calls = [call.model_dump(exclude_none=True) for call in message.tool_calls]
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": message.content or ""}
+
+
+def test_two_turns_with_a_tool_leave_a_token_faithful_trajectory(rl):
+    handle = rl.open_session(ttl=600)
+    client = _openai(handle)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "value of key 4821?"}]
+    first = client.chat.completions.create(
+        model=handle.model,
+        messages=messages,
+        tools=[LOOKUP],
+        max_tokens=24,
+        temperature=1.0,
+        seed=7,
+        logprobs=True,
+        extra_body=EXTRA,
+    )
+    choice1 = first.choices[0]
+    ids1 = choice1.model_extra["token_ids"]
+    prompt1 = first.model_extra["prompt_token_ids"]
+    assert ids1 and len(choice1.logprobs.content) == len(ids1)
+    assert [c.model_extra["token_id"] for c in choice1.logprobs.content] == ids1
+    assert choice1.model_extra["weight_version_start"] == 0
+    call_id = choice1.message.tool_calls[0].id if choice1.message.tool_calls else "call_0"
+    messages += [
+        _assistant(choice1.message),
+        {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"value": "1234"})},
+    ]
+    second = client.chat.completions.create(
+        model=handle.model, messages=messages, tools=[LOOKUP], max_tokens=16, extra_body=EXTRA
+    )
+    ids2 = second.choices[0].model_extra["token_ids"]
+    prompt2 = second.model_extra["prompt_token_ids"]
+    assert prompt2[: len(prompt1) + len(ids1)] == prompt1 + ids1
+
+    trajectory = rl.session_trajectory(handle.session_id)
+    turn1, turn2 = trajectory["turns"]
+    assert turn1["prompt_ids"] == prompt1 and turn1["completion_ids"] == ids1
+    assert turn2["prompt_ids"] == prompt2 and turn2["completion_ids"] == ids2
+    assert turn2["prompt_ids"][: len(prompt1) + len(ids1)] == prompt1 + ids1
+    assert turn2["prefix_break"] is False and turn2["segment"] == 0
+    for turn in (turn1, turn2):
+        assert len(turn["completion_log_probs"]) == len(turn["completion_ids"])
+        assert turn["weight_version_start"] == turn["weight_version_end"] == 0
+    (row,) = trajectory["rows"]
+    assert row["input_ids"] == prompt2 + ids2
+    sampled = set(range(len(prompt1), len(prompt1) + len(ids1)))
+    sampled |= set(range(len(prompt2), len(prompt2) + len(ids2)))
+    assert {i for i, m in enumerate(row["loss_mask"]) if m == 1.0} == sampled
+    assert [row["old_log_probs"][i] for i in sorted(sampled)] == (
+        turn1["completion_log_probs"] + turn2["completion_log_probs"]
+    )
+    assert trajectory["batch"]["input_ids"] == [row["input_ids"]]
+    listed = {s["session_id"]: s["turns"] for s in rl.list_sessions()}
+    assert listed[handle.session_id] == 2
+    assert rl.close_session(handle.session_id)["closed"] is True
+
+
+def test_bad_requests_are_openai_errors_and_the_session_keeps_answering(rl):
+    handle = rl.open_session()
+    client = _openai(handle)
+    user = [{"role": "user", "content": "hello"}]
+    unknown = openai.OpenAI(
+        base_url=handle.base_url.replace(handle.session_id, "00000000deadbeef"),
+        api_key=handle.api_key,
+        max_retries=0,
+    )
+    with pytest.raises(openai.NotFoundError):
+        unknown.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=handle.model, messages=[{"role": "wizard", "content": "x"}], max_tokens=4
+        )
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=handle.model, messages=[{"role": "user", "content": "7 " * 5000}], max_tokens=4
+        )
+    answer = client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    models = client.models.list().data
+    assert models[0].id == handle.model and models[0].model_extra["max_model_len"] > 0
+    rl.close_session(handle.session_id)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+
+
+def test_token_in_generate_records_its_turns(rl):
+    handle = rl.open_session()
+    import httpx
+
+    url = handle.base_url.removesuffix("/v1") + "/inference/v1/generate"
+    headers = {"Authorization": f"Bearer {handle.api_key}"}
+    prompt = [1, 20, 21, 22, 2]
+    body = {"model": handle.model, "token_ids": prompt, "sampling_params": {"max_tokens": 6}}
+    answer = httpx.post(url, json=body, headers=headers, timeout=120, trust_env=False).json()
+    choice = answer["choices"][0]
+    ids = choice["token_ids"]
+    assert [c["token"] for c in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in ids]
+    assert all(c["logprob"] > -9999 for c in choice["logprobs"]["content"])
+    (turn,) = rl.session_trajectory(handle.session_id)["turns"]
+    assert turn["prompt_ids"] == prompt and turn["completion_ids"] == ids
