@@ -35,7 +35,11 @@ from arctic_platform.rl.server.job_faults import (
 )
 from arctic_platform.rl.server.job_state import Job, JobState
 from arctic_platform.rl.server.job_table import JobJournal, JobTable, load_table
-from arctic_platform.rl.server.placement import Placement, check_cluster_has
+from arctic_platform.rl.server.placement import (
+    Placement,
+    check_cluster_has,
+    check_colocated_room,
+)
 from arctic_platform.rl.server.worker_launch import engine_spec, start_workers
 
 __all__ = ["Job", "JobManager", "JobState", "free_port"]
@@ -268,6 +272,13 @@ class JobManager:
             )
         check_cluster_has(job_type, parsed)
         with self._lock:
+            if parsed.colocate:
+                holders = [
+                    j.num_gpus
+                    for j in self.jobs.values()
+                    if j.config.get("colocate") and not j.state.terminal
+                ]
+                check_colocated_room(num_gpus, holders)
             job_id = self._next_id
             self._next_id += 1
             job = Job(job_id, job_type, engine, parsed.model_dump(mode="json"), num_gpus)

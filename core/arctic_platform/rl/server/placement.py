@@ -42,6 +42,27 @@ def check_cluster_has(job_type: str, config: Any) -> None:
         )
 
 
+WORKERS_PER_COLOCATED_BUNDLE = int(1 / COLOCATED_GPU_FRACTION)
+"""How many colocated workers one shared GPU bundle holds (one per role)."""
+
+
+def check_colocated_room(num_gpus: int, holders: list[int]) -> None:
+    """422 for a colocated job of ``num_gpus`` workers when a shared bundle it needs already
+    holds as many workers as fit (``holders``: the worker counts of the live colocated jobs).
+
+    Without it such a job would wait for a bundle that never frees, until job_ready_timeout.
+    """
+    for bundle in range(num_gpus):
+        taken = sum(1 for n in holders if n > bundle)
+        if taken >= WORKERS_PER_COLOCATED_BUNDLE:
+            raise InvalidRequestError(
+                f"colocated jobs share one set of GPU bundles, {WORKERS_PER_COLOCATED_BUNDLE} "
+                f"workers to a bundle (a training, a sampling and a log-prob job); bundle "
+                f"{bundle} already holds {taken} live colocated jobs' workers. Destroy one of "
+                "them, or start this job with colocate=false on GPUs of its own"
+            )
+
+
 class Placement:
     """Placement groups for jobs; colocated jobs share one group sized by the first of them.
 
@@ -90,4 +111,11 @@ class Placement:
             self._colocation_group = None
 
 
-__all__ = ["COLOCATED_GPU_FRACTION", "Placement", "check_cluster_has", "cluster_gpus"]
+__all__ = [
+    "COLOCATED_GPU_FRACTION",
+    "WORKERS_PER_COLOCATED_BUNDLE",
+    "Placement",
+    "check_cluster_has",
+    "check_colocated_room",
+    "cluster_gpus",
+]
