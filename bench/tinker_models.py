@@ -157,12 +157,12 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     else:
         out.append(("one more Tinker model, LoRA", "not placed", "see the JSON"))
     if full["first_model_pss_mb"] is not None:
-        placed = "never placed" if full["unplaced_model"] is not None else "placed"
+        placed = "not started" if full["unplaced_model"] is not None else "placed"
         out.append(
             (
                 "one more Tinker model, full fine-tuning (tiny model, one GPU)",
                 f"+{full['first_model_pss_mb']:.0f} MB PSS (its own training and sampling job)",
-                f"a second model is {placed}: its jobs wait for the GPU the first holds",
+                f"a second model is {placed}: no room on the GPU the first one holds",
             )
         )
     return out
