@@ -567,6 +567,10 @@ class AsyncArcticRLClient:
     job_info = _to_thread(ArcticRLClient.job_info)
     restart_job = _to_thread(ArcticRLClient.restart_job)
     get_server_state = _to_thread(ArcticRLClient.get_server_state)
+    open_session = _to_thread(ArcticRLClient.open_session)
+    session_trajectory = _to_thread(ArcticRLClient.session_trajectory)
+    list_sessions = _to_thread(ArcticRLClient.list_sessions)
+    close_session = _to_thread(ArcticRLClient.close_session)
     close = _to_thread(ArcticRLClient.close)
     shutdown = _to_thread(ArcticRLClient.shutdown)
 
