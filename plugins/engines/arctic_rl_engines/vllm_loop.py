@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from arctic_platform.rl.api import EngineError
+from arctic_platform.rl.api import EngineError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,22 @@ def op_timeout() -> float:
     except ValueError:
         return DEFAULT_TIMEOUT
     return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def _refusal(exc: Exception) -> Exception:
+    """What a request vLLM refused fails its call with: a 422 when vLLM blames the request
+    (e.g. a constraint it cannot compile), an ``EngineError`` otherwise."""
+    blamed: tuple[type[BaseException], ...] = (InvalidRequestError,)
+    try:
+        from vllm.exceptions import VLLMClientError
+
+        blamed += (VLLMClientError,)
+    except ImportError:  # pragma: no cover - an older vLLM
+        pass
+    message = f"vLLM refused a request of this generate call: {exc}"
+    if isinstance(exc, blamed):
+        return InvalidRequestError(message)
+    return EngineError(message)
 
 
 class _Call:
@@ -300,7 +316,7 @@ class GenerationLoop:
             if added:
                 self._engine.abort_request(added, internal=False)
             self._record(f"add_request: {exc}")
-            call.fail(EngineError(f"vLLM refused a request of this generate call: {exc}"))
+            call.fail(_refusal(exc))
             return
         with self._cond:
             self._calls[call.number] = call

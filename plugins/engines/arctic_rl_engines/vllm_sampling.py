@@ -17,6 +17,7 @@ from arctic_platform.rl.api import (
 )
 from arctic_rl_engines.vllm_common import VLLMEngine, as_token_ids
 from arctic_rl_engines.vllm_loop import GenerationLoop
+from arctic_rl_engines.vllm_structured import parse_structured_outputs, to_vllm_structured
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -84,6 +85,7 @@ class SamplingSpec:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     prompt_logprobs: bool = False  # also each prompt token's log-prob (None for the first)
+    structured_outputs: dict[str, Any] | None = None  # constrained decoding (vllm_structured)
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -172,6 +174,7 @@ class SamplingSpec:
         for key in ("presence_penalty", "frequency_penalty"):
             if key in p:
                 out[key] = _float(key, p[key], -2.0, 2.0)
+        out["structured_outputs"] = parse_structured_outputs(p.get("structured_outputs"))
         spec = cls(**out)
         if spec.min_tokens > spec.max_tokens:
             raise InvalidRequestError(
@@ -189,15 +192,18 @@ class SamplingSpec:
             "stop": list(self.stop) or None,
             "stop_token_ids": list(self.stop_token_ids) or None,
             "prompt_logprobs": 0 if self.prompt_logprobs else None,
+            "structured_outputs": to_vllm_structured(self.structured_outputs),
         }
         as_is = {key: getattr(self, key) for key in self.keys() if key not in converted}
         return SamplingParams(**as_is, **converted)
 
     def per_prompt(self, count: int) -> list[Any]:
         """One ``vllm.SamplingParams`` per prompt; distinct seeds when ``seed`` is set."""
-        if self.seed is None:
+        if self.seed is None and self.structured_outputs is None:
             shared = self.to_vllm()
             return [shared] * count
+        if self.seed is None:  # vLLM writes its backend into each constraint: one per prompt
+            return [self.to_vllm() for _ in range(count)]
         return [self.to_vllm(self.seed + i * self.n) for i in range(count)]
 
 

@@ -220,7 +220,9 @@ def test_sessions_expire_and_a_stale_session_is_refused(chat_tok, tok_dir):
         server.agents.models(sid)
 
 
-def test_tool_choice_none_stops_at_a_tool_call_and_required_is_refused(chat_tok, tok_dir, tools):
+def test_tool_choice_none_stops_at_a_tool_call_and_required_is_constrained(
+    chat_tok, tok_dir, tools
+):
     server = FakeServer(tok_dir, [])
     http = _app(server, None)
     opened = _open(http, None)
@@ -230,7 +232,21 @@ def test_tool_choice_none_stops_at_a_tool_call_and_required_is_refused(chat_tok,
     assert server.requests[-1].sampling_params["stop_token_ids"] == [
         chat_tok.token_id("<tool_call>")
     ]
-    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+    client.chat.completions.create(model="m", messages=user, tools=tools, tool_choice="required")
+    tag = server.requests[-1].sampling_params["structured_outputs"]["structural_tag"]
+    first = tag["format"]["elements"][0]
+    assert first == {"type": "token", "token": chat_tok.token_id("<tool_call>")}
+    named = {"type": "function", "function": {"name": "lookup"}}
+    client.chat.completions.create(model="m", messages=user, tools=tools, tool_choice=named)
+    assert "structured_outputs" in server.requests[-1].sampling_params
+    sent = len(server.requests)
+    with pytest.raises(openai.BadRequestError, match="nowhere"):
         client.chat.completions.create(
-            model="m", messages=user, tools=tools, tool_choice="required"
+            model="m",
+            messages=user,
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "nowhere"}},
         )
+    with pytest.raises(openai.BadRequestError, match="required"):
+        client.chat.completions.create(model="m", messages=user, tool_choice="required")
+    assert len(server.requests) == sent

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
+from arctic_platform.rl.agents.tool_choice import forced_tools, tool_call_constraint
 from arctic_platform.rl.errors import BadRequestError
 from arctic_platform.rl.wire.requests import describe_errors
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-TOOL_CHOICES = frozenset({"auto", "none"})
 
 
 class ChatCompletionBody(BaseModel):
@@ -85,25 +85,21 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
 
 
 def check_chat(body: ChatCompletionBody) -> None:
-    """Refuse (400) what this server does not do yet: ``n`` > 1, streaming, forced tools."""
+    """Refuse (400) what this server does not do: ``n`` > 1, a ``tool_choice`` naming no tool."""
     check_messages(body.messages)
     if body.n is not None and body.n > 1:
         raise BadRequestError("n > 1 is not supported on a session yet; send n=1")
     if body.stream:
         raise BadRequestError("stream=true is not supported on a session yet")
-    choice = body.tool_choice
-    if choice is not None and not (isinstance(choice, str) and choice in TOOL_CHOICES):
-        raise BadRequestError(
-            f"tool_choice {choice!r} is not supported yet; use 'auto' or 'none' "
-            "(constrained decoding for 'required' and named tools comes later)"
-        )
+    forced_tools(body.tool_choice, body.tools)
 
 
 def chat_sampling_params(
     body: ChatCompletionBody, tokenizer: ChatTokenizer, room: int | None
 ) -> dict[str, Any]:
     """The vLLM sampling params of a chat request; ``room``: tokens left in the context
-    (the default ``max_tokens``). ``tool_choice="none"`` stops at a ``<tool_call>`` token."""
+    (the default ``max_tokens``). ``tool_choice="none"`` stops at a ``<tool_call>`` token;
+    ``"required"`` or a named tool constrains decoding to one call (``tool_choice``)."""
     params: dict[str, Any] = {"n": 1}
     max_tokens = body.max_completion_tokens or body.max_tokens or room
     if max_tokens is not None:
@@ -116,6 +112,9 @@ def chat_sampling_params(
         params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
     if body.logprobs and body.top_logprobs:
         params["logprobs"] = body.top_logprobs
+    forced = forced_tools(body.tool_choice, body.tools)
+    if forced:
+        params["structured_outputs"] = tool_call_constraint(forced, tokenizer)
     if body.tool_choice == "none" and body.tools:
         start = tokenizer.token_id("<tool_call>")
         if start is not None:
