@@ -1,6 +1,7 @@
 """OpenAI-compatible routes of agent sessions, mounted by the http app.
 
-Under ``/s/{sid}/v1``: ``POST /chat/completions`` and ``GET /models``; vLLM's token-in
+Under ``/s/{sid}/v1``: ``POST /chat/completions`` (SSE with ``"stream": true``: the turn is
+sampled whole, then streamed) and ``GET /models``; vLLM's token-in
 ``POST /s/{sid}/inference/v1/generate``. The same routes without the ``/s/{sid}`` prefix find
 the session from an ``X-Session-ID`` header or from the session key sent as the bearer API key.
 
@@ -19,8 +20,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
+from arctic_platform.rl.agents.openai_stream import sse_events
 from arctic_platform.rl.api import (
     AuthError,
     BadRequestError,
@@ -68,8 +70,10 @@ class SessionRoute:
         max_request_bytes: int,
         *,
         has_body: bool,
+        stream: Callable[[Any, str, Any], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.server = server
+        self.stream = stream
         self.token = token
         self.call = call
         self.max_request_bytes = max_request_bytes
@@ -107,6 +111,9 @@ class SessionRoute:
                 if not raw:
                     raise BadRequestError("the request has no JSON body")
                 body = http_common.read_json_body(raw)
+            if self.stream is not None and isinstance(body, dict) and body.get("stream") is True:
+                chunks = await run_in_threadpool(self.stream, agents, sid, body)
+                return StreamingResponse(sse_events(chunks), media_type="text/event-stream")
             result = await run_in_threadpool(self.call, agents, sid, body)
             return http_common.json_response(result)
         except Exception as exc:
@@ -116,11 +123,30 @@ class SessionRoute:
             return openai_error(exc)
 
 
+# vLLM-fork extensions a token-in client may put in ``sampling_params`` that do not change what
+# is sampled; verifiers' TrainClient adds the first on a bridged turn (MoE routing replay).
+IGNORED_SAMPLING_KEYS = ("routed_experts_prompt_start",)
+
+
+def _token_generate(agents: Any, sid: str, body: Any) -> dict[str, Any]:
+    """The token-in generate call, with ``IGNORED_SAMPLING_KEYS`` taken out of its params."""
+    params = body.get("sampling_params") if isinstance(body, dict) else None
+    if isinstance(params, dict) and any(key in params for key in IGNORED_SAMPLING_KEYS):
+        kept = {k: v for k, v in params.items() if k not in IGNORED_SAMPLING_KEYS}
+        body = {**body, "sampling_params": kept}
+    return agents.token_generate(sid, body)
+
+
 ROUTES: tuple[tuple[str, str, str, Callable[[Any, str, Any], dict[str, Any]]], ...] = (
     ("POST", "/v1/chat/completions", "chat_completions", lambda a, s, b: a.chat_completion(s, b)),
     ("GET", "/v1/models", "models", lambda a, s, b: a.models(s)),
-    ("POST", "/inference/v1/generate", "token_generate", lambda a, s, b: a.token_generate(s, b)),
+    ("POST", "/inference/v1/generate", "token_generate", _token_generate),
 )
+
+STREAMS: dict[str, Callable[[Any, str, Any], list[dict[str, Any]]]] = {
+    "chat_completions": lambda a, s, b: a.chat_completion_chunks(s, b),
+}
+"""Routes that answer ``"stream": true`` with server-sent events (the chunks, then [DONE])."""
 
 
 def add_openai_routes(
@@ -128,7 +154,10 @@ def add_openai_routes(
 ) -> None:
     """Mount the session routes, under ``/s/{sid}`` and (session from header or key) bare."""
     for method, path, name, call in ROUTES:
-        route = SessionRoute(server, token, call, max_request_bytes, has_body=method == "POST")
+        stream = STREAMS.get(name)
+        route = SessionRoute(
+            server, token, call, max_request_bytes, has_body=method == "POST", stream=stream
+        )
         for prefix in ("/s/{sid}", ""):
             app.add_api_route(
                 prefix + path,

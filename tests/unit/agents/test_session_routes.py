@@ -4,6 +4,7 @@ OpenAI error bodies and the token rule."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -250,3 +251,44 @@ def test_tool_choice_none_stops_at_a_tool_call_and_required_is_constrained(
     with pytest.raises(openai.BadRequestError, match="required"):
         client.chat.completions.create(model="m", messages=user, tool_choice="required")
     assert len(server.requests) == sent
+
+
+def test_a_streamed_turn_is_openai_chunks_then_done_and_is_recorded(chat_tok, tok_dir, tools):
+    call_ids = [*chat_tok.encode("ok " + CALL), chat_tok.eos_id]
+    text_ids = [*chat_tok.encode("the value is 1234"), chat_tok.eos_id]
+    server = FakeServer(tok_dir, [call_ids, text_ids])
+    http = _app(server, None)
+    opened = _open(http, None)
+    client = _client(http, opened["base_url_path"], opened["key"])
+    user = [{"role": "user", "content": "value of key 4821?"}]
+    stream = client.chat.completions.create(
+        model="m", messages=user, tools=tools, stream=True, logprobs=True,
+        stream_options={"include_usage": True}, extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].model_extra["prompt_token_ids"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(call_ids)
+    deltas = [c.choices[0] for c in chunks if c.choices]
+    assert [d.finish_reason for d in deltas][-1] == "tool_calls"
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    (call,) = [t for d in deltas for t in d.delta.tool_calls or []]
+    assert (call.index, call.type, call.function.name) == (0, "function", "lookup")
+    assert call.function.arguments == '{"key":"4821"}'
+    assert "".join(d.delta.content or "" for d in deltas) == "ok"
+    assert [i for d in deltas for i in d.model_extra["token_ids"]] == call_ids
+    assert [c.token_id for d in deltas for c in d.logprobs.content] == call_ids
+    raw = http.post(
+        f"{opened['base_url_path']}/chat/completions",
+        json={"messages": user, "stream": True},
+        headers={"Authorization": f"Bearer {opened['key']}"},
+    )
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in raw.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    text = "".join(
+        json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events[:-1]
+    )
+    assert text == "the value is 1234"
+    trajectory = http.get(f"/sessions/{opened['session_id']}/trajectory").json()
+    assert [t["completion_ids"] for t in trajectory["turns"]] == [call_ids, text_ids]

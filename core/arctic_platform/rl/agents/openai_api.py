@@ -42,6 +42,7 @@ class ChatCompletionBody(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
 
@@ -89,8 +90,6 @@ def check_chat(body: ChatCompletionBody) -> None:
     check_messages(body.messages)
     if body.n is not None and body.n > 1:
         raise BadRequestError("n > 1 is not supported on a session yet; send n=1")
-    if body.stream:
-        raise BadRequestError("stream=true is not supported on a session yet")
     forced_tools(body.tool_choice, body.tools)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from arctic_platform.rl import wire
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.models import SessionTurn
 from arctic_platform.rl.agents.openai_api import (
     ChatCompletionBody,
     TokenGenerateBody,
@@ -26,8 +27,10 @@ from arctic_platform.rl.agents.openai_api import (
     generate_response,
     parse_body,
 )
+from arctic_platform.rl.agents.openai_stream import chat_chunks
 from arctic_platform.rl.agents.session import AgentSession
 from arctic_platform.rl.agents.store import SessionStore
+from arctic_platform.rl.agents.tool_calls import ParsedCompletion
 from arctic_platform.rl.agents.turns import PromptPlan
 from arctic_platform.rl.errors import BadRequestError, InvalidRequestError, NotFoundError
 from arctic_platform.rl.server.job_state import Job
@@ -212,8 +215,8 @@ class AgentOps:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         completion: dict[str, Any],
-    ) -> Any:
-        turn, _ = session.record(
+    ) -> tuple[SessionTurn, ParsedCompletion]:
+        return session.record(
             plan,
             messages,
             tools,
@@ -224,10 +227,9 @@ class AgentOps:
             weight_version_end=completion.get("weight_version_end"),
             weight_version_spans=completion.get("weight_version_spans"),
         )
-        return turn
 
-    def chat_completion(self, session_id: str, body: Any) -> dict[str, Any]:
-        """One ``/chat/completions`` turn of a session (OpenAI's answer shape)."""
+    def _chat_turn(self, session_id: str, body: Any) -> tuple[Any, ...]:
+        """Sample and record one chat turn: (request, session, turn, parsed, completion)."""
         session = self._session(session_id)
         job_id = self._job_id(session_id)
         request: ChatCompletionBody = parse_body(ChatCompletionBody, body)
@@ -240,11 +242,30 @@ class AgentOps:
         room = self._room(session, job_id, len(plan.prompt_ids))
         params = chat_sampling_params(request, session.tokenizer, room)
         completion = self._sample(job_id, plan.prompt_ids, params)
-        turn = self._record(session, plan, request.messages, request.tools, completion)
+        turn, parsed = self._record(session, plan, request.messages, request.tools, completion)
         self.store.touch(session_id)
+        return request, session, turn, parsed, completion
+
+    def chat_completion(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One ``/chat/completions`` turn of a session (OpenAI's answer shape)."""
+        request, session, turn, _, completion = self._chat_turn(session_id, body)
         return chat_response(
             request,
             turn,
+            completion,
+            session.tokenizer,
+            session_id=session_id,
+            model=session.state.model,
+        )
+
+    def chat_completion_chunks(self, session_id: str, body: Any) -> list[dict[str, Any]]:
+        """One streamed ``/chat/completions`` turn: sampled and recorded whole, then given as
+        its ``chat.completion.chunk``s (``openai_stream``)."""
+        request, session, turn, parsed, completion = self._chat_turn(session_id, body)
+        return chat_chunks(
+            request,
+            turn,
+            parsed,
             completion,
             session.tokenizer,
             session_id=session_id,
@@ -274,7 +295,7 @@ class AgentOps:
         if room is not None:
             params["max_tokens"] = min(int(params.get("max_tokens") or room), room)
         completion = self._sample(job_id, prompt, params)
-        turn = self._record(session, plan, [], None, completion)
+        turn, _ = self._record(session, plan, [], None, completion)
         self.store.touch(session_id)
         return generate_response(
             turn, completion, session.tokenizer, session_id=session_id, model=session.state.model
