@@ -36,6 +36,13 @@ setup() {
     echo "$want" > "$STAMP"
 }
 
+# verifiers 0.4.0 pins openai<3 (this venv holds 3.x), so its client tests run it from its own
+# venv, .venv-verifiers; tests/support/verifiers_venv.py builds it (stamped, locked) and the
+# tests call the same helper, so a failed build fails `./run.sh test` instead of skipping.
+verifiers_venv() {
+    "$PY" tests/support/verifiers_venv.py >/dev/null
+}
+
 cmd="${1:-help}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -46,6 +53,7 @@ case "$cmd" in
         exec "$VENV/bin/arctic-rl" demo "$@" ;;
     test)
         setup
+        verifiers_venv
         set +e
         "$PY" -m pytest tests "$@"
         rc=$?
