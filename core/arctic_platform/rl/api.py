@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from arctic_platform.rl import __version__, http_common
+from arctic_platform.rl.agents.openai_stream import sse_events
 from arctic_platform.rl.batch import PER_TOKEN_FIELDS, Batch, BatchError, BatchLimits
 from arctic_platform.rl.config import (
     DEFAULT_ADAPTER,
@@ -251,6 +252,7 @@ __all__ = [
     "serve_http",
     "server_run_dir",
     "server_socket",
+    "sse_events",
     "start_or_attach",
     "state_path",
     "stop_on_signals",

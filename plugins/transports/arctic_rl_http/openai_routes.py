@@ -22,13 +22,13 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
-from arctic_platform.rl.agents.openai_stream import sse_events
 from arctic_platform.rl.api import (
     AuthError,
     BadRequestError,
     NotFoundError,
     RLServer,
     http_common,
+    sse_events,
 )
 
 logger = logging.getLogger(__name__)
