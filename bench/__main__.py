@@ -25,6 +25,7 @@ BENCHMARKS = {
     "tinker": {},
     "lora_sync": {},
     "tinker_models": {},
+    "agent_sessions": {},
     "soak": {"steps": 2000, "every": 50},  # about 13 minutes on the 2-core machine
 }
 
