@@ -3,7 +3,8 @@
 trajectory it leaves is token-faithful; unknown sessions and malformed messages are OpenAI
 errors after which the session still answers.
 
-One local-backend server with only a sampling job (vLLM on CPU) of the tiny ChatML model. The
+One local-backend server with a sampling job (vLLM on CPU) and a training job of the tiny
+ChatML model. The
 random model seldom emits a real tool call, so turn 2's history is built from whatever turn 1
 returned: the point is token faithfulness, not the model's skill.
 """
@@ -39,10 +40,11 @@ EXTRA = {"return_token_ids": True}
 
 @pytest.fixture(scope="module")
 def rl(chatml_model_path, tmp_path_factory):
-    """A client of a local http server holding one sampling job of the ChatML model."""
+    """A client of a local http server holding a training and a sampling job of the ChatML
+    model (the training job for the weight sync between two turns, last in this file)."""
     from arctic_platform.rl.testing import free_port
 
-    config = client_config(chatml_model_path, port=free_port(), training_gpus=0, log_prob_gpus=0)
+    config = client_config(chatml_model_path, port=free_port(), log_prob_gpus=0)
     with local_client(tmp_path_factory.mktemp("agents-home"), config) as client:
         yield client
 
@@ -158,3 +160,43 @@ def test_token_in_generate_records_its_turns(rl):
     assert all(c["logprob"] > -9999 for c in choice["logprobs"]["content"])
     (turn,) = rl.session_trajectory(handle.session_id)["turns"]
     assert turn["prompt_ids"] == prompt and turn["completion_ids"] == ids
+
+
+def _turn(client: Any, handle: Any, messages: list[dict[str, Any]]) -> Any:
+    return client.chat.completions.create(
+        model=handle.model,
+        messages=messages,
+        max_tokens=8,
+        temperature=1.0,
+        seed=3,
+        extra_body=EXTRA,
+    )
+
+
+def test_a_weight_sync_between_two_turns_shows_in_the_trajectory_and_ends_a_strict_session(rl):
+    """Runs last: it moves the module's sampler to weight version 1."""
+    handle, strict = rl.open_session(ttl=600), rl.open_session(ttl=600, max_staleness=0)
+    client, strict_client = _openai(handle), _openai(strict)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "value of key 4821?"}]
+    first = _turn(client, handle, messages)
+    _turn(strict_client, strict, messages)
+    ids = first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"]
+    rl.fwd_bwd({"input_ids": [ids], "loss_mask": [[0.0] + [1.0] * (len(ids) - 1)]}, "cross_entropy")
+    rl.step()
+    version = rl.sync_weights()["weight_version"]
+    assert version >= 1
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "and now?"},
+    ]
+    second = _turn(client, handle, messages)
+    assert second.choices[0].model_extra["weight_version_start"] == version
+    turns = rl.session_trajectory(handle.session_id)["turns"]
+    assert [(t["weight_version_start"], t["weight_version_end"]) for t in turns] == [
+        (version - 1, version - 1),
+        (version, version),
+    ]
+    assert turns[1]["prefix_break"] is False  # the new weights do not break the token prefix
+    with pytest.raises(openai.BadRequestError, match="max_staleness"):
+        _turn(strict_client, strict, messages)
+    assert _turn(client, handle, [{"role": "user", "content": "still here?"}]).choices
