@@ -17,13 +17,24 @@ collapsed it to 0.000, so the rates stay those of full fine-tuning)."""
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options; each ``dest`` is the ``DemoSettings`` field it sets."""
     add = parser.add_argument
-    add("--steps", type=int, default=80, help="GRPO steps (default 80)")
+    add(
+        "--task",
+        choices=["reverse", "lookup"],
+        default="reverse",
+        help="reverse: digit reversal (default); lookup: an openai-agents agent that must call "
+        "a lookup(key) tool and answer with its value (defaults in brackets are lookup's)",
+    )
+    add("--steps", type=int, help="GRPO steps (default 80 [30])")
     add(
         "--sft-steps",
         type=int,
-        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS})",
+        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS}) [30]",
     )
-    add("--eval-every", type=int, default=10, help="held-out evaluation every N RL steps (0: end)")
+    add(
+        "--eval-every",
+        type=int,
+        help="held-out evaluation every N RL steps (0: end; default 10 [5])",
+    )
     add(
         "--async",
         dest="async_mode",
@@ -36,8 +47,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="with --async: rollouts at most this many weight versions old (default 1)",
     )
-    add("--prompts-per-step", type=int, default=16)
-    add("--samples-per-prompt", type=int, default=16)
+    add("--prompts-per-step", type=int, help="default 16 [8]")
+    add("--samples-per-prompt", type=int, help="default 16 [4]")
     add("--model-size", choices=["tiny", "small"], default="tiny")
     add("--transport", default="http")
     add("--colocate", action="store_true")
@@ -70,6 +81,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the demo with the parsed options and print its one-line result."""
+    if args.task == "lookup":
+        return run_lookup_command(args)
     from arctic_rl_demo.main import run_demo
     from arctic_rl_demo.run import DemoSettings
 
@@ -87,6 +100,29 @@ def run_command(args: argparse.Namespace) -> int:
         f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['mode']}, "
         f"{summary['weights']}, "
         f"{summary['rl_steps_per_second']:.2f} RL steps/s, {summary['total_seconds'] / 60:.1f} "
+        f"min; plot: {settings.output_dir / 'reward.png'}"
+    )
+    return 0
+
+
+def run_lookup_command(args: argparse.Namespace) -> int:
+    """Run the lookup agent demo (``--task lookup``) and print its one-line result."""
+    from arctic_rl_demo.lookup_main import run_lookup_demo
+    from arctic_rl_demo.lookup_run import LookupSettings
+
+    if args.async_mode or args.lora_rank is not None or args.kl_coef:
+        raise SystemExit("--task lookup takes no --async, --lora or --kl-coef")
+    fields = {f.name for f in dataclasses.fields(LookupSettings)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    if "output_dir" in given:
+        given["output_dir"] = Path(given["output_dir"])
+    settings = LookupSettings(**given)
+    summary = run_lookup_demo(settings)
+    print(
+        f"held-out success ({summary['heldout_size']} keys, greedy, openai-agents): before SFT "
+        f"{summary['heldout_success_before_sft']:.3f}, after SFT "
+        f"{summary['heldout_success_after_sft']:.3f}, final {summary['heldout_success_final']:.3f} "
+        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['total_seconds'] / 60:.1f} "
         f"min; plot: {settings.output_dir / 'reward.png'}"
     )
     return 0

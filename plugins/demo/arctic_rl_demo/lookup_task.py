@@ -1,0 +1,117 @@
+"""The agent demo's task: call ``lookup(key)`` and answer with exactly the value it returns.
+
+The user asks ``lookup 4821``; the tool returns a value (four digits, drawn per episode, so
+it can only be known by calling the tool); the reward is 1.0 when the agent's final answer,
+stripped of surrounding spaces, is exactly that value. A fixed held-out set of keys (each with
+a fixed value, drawn from its own seed) is never used for demonstrations or rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+TOOL_NAME = "lookup"
+TOOL_DESCRIPTION = "Look up the value stored under a key."
+INSTRUCTIONS = "Call lookup with the key, then answer with the value it returns."
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One task instance: the key the user asks about and the value the tool returns."""
+
+    key: str
+    value: str
+
+    @property
+    def prompt(self) -> str:
+        """The user's message."""
+        return f"lookup {self.key}"
+
+
+@dataclass(frozen=True)
+class LookupTask:
+    """Keys and values of ``digits`` digits; ``heldout_size`` fixed held-out episodes."""
+
+    digits: int = 4
+    heldout_size: int = 64
+    heldout_seed: int = 54321
+
+    def __post_init__(self) -> None:
+        if self.digits < 2:
+            raise ValueError(f"digits must be at least 2, got {self.digits}")
+        if not 0 < self.heldout_size <= 10**self.digits // 4:
+            raise ValueError(
+                f"heldout_size={self.heldout_size} must be in [1, {10**self.digits // 4}] "
+                f"for {self.digits}-digit keys (at most a quarter of them)"
+            )
+
+    def _draw(self, rng: random.Random) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(self.digits))
+
+    @cached_property
+    def heldout(self) -> list[Episode]:
+        """The fixed held-out episodes: distinct keys, fixed values, a stable order."""
+        rng = random.Random(self.heldout_seed)
+        seen: dict[str, str] = {}
+        while len(seen) < self.heldout_size:
+            seen.setdefault(self._draw(rng), self._draw(rng))
+        return [Episode(k, v) for k, v in seen.items()]
+
+    @cached_property
+    def _heldout_keys(self) -> frozenset[str]:
+        return frozenset(e.key for e in self.heldout)
+
+    def episodes(self, count: int, rng: random.Random) -> list[Episode]:
+        """``count`` training episodes; never a held-out key."""
+        out: list[Episode] = []
+        while len(out) < count:
+            key = self._draw(rng)
+            if key not in self._heldout_keys:
+                out.append(Episode(key, self._draw(rng)))
+        return out
+
+    @staticmethod
+    def reward(final_output: Any, value: str) -> float:
+        """1.0 when the final answer, stripped of surrounding spaces, is exactly ``value``."""
+        return 1.0 if isinstance(final_output, str) and final_output.strip() == value else 0.0
+
+
+def tool_schema() -> dict[str, Any]:
+    """The ``lookup`` tool as openai-agents 0.24 sends it for a ``key: str`` function tool
+    (strict schema), so demonstrations render the same system turn as the real requests."""
+    return {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": TOOL_DESCRIPTION,
+            "parameters": {
+                "properties": {"key": {"title": "Key", "type": "string"}},
+                "required": ["key"],
+                "title": f"{TOOL_NAME}_args",
+                "type": "object",
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    }
+
+
+def demonstration_messages(episode: Episode) -> list[dict[str, Any]]:
+    """The conversation a demonstration trains on: system, user, the call, its result, the
+    answer (the assistant turns are what the loss covers)."""
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": json.dumps({"key": episode.key})},
+    }
+    return [
+        {"role": "system", "content": INSTRUCTIONS},
+        {"role": "user", "content": episode.prompt},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": episode.value},
+        {"role": "assistant", "content": episode.value},
+    ]

@@ -1,0 +1,135 @@
+"""The lookup demo's pure parts: episodes and held-out keys, the exact-match reward, rendered
+demonstrations and their loss masks (tiny ChatML tokenizer), and the GRPO batch built from
+session trajectories."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from arctic_rl_demo.lookup_agent import EpisodeResult
+from arctic_rl_demo.lookup_grpo import grpo_batch
+from arctic_rl_demo.lookup_sft import demonstration_pieces, demonstration_row, prompt_ids, sft_batch
+from arctic_rl_demo.lookup_task import Episode, LookupTask, tool_schema
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from arctic_platform.rl.testing import build_tokenizer
+
+    path = build_tokenizer(tmp_path_factory.mktemp("chatml-tok"), chat_format="chatml")
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def test_heldout_is_fixed_distinct_and_never_drawn_for_training():
+    task = LookupTask(heldout_size=64)
+    assert task.heldout == LookupTask(heldout_size=64).heldout
+    keys = {e.key for e in task.heldout}
+    assert len(keys) == 64
+    train = task.episodes(2000, random.Random(0))
+    assert not keys & {e.key for e in train}
+    assert all(len(e.key) == len(e.value) == 4 and e.key.isdigit() for e in train)
+    assert Episode("4821", "7310").prompt == "lookup 4821"
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError):
+        LookupTask(digits=1)
+    with pytest.raises(ValueError):
+        LookupTask(digits=2, heldout_size=26)
+
+
+def test_reward_is_exact_match_of_the_value():
+    assert LookupTask.reward("7310", "7310") == 1.0
+    assert LookupTask.reward(" 7310\n", "7310") == 1.0
+    assert LookupTask.reward("731", "7310") == 0.0
+    assert LookupTask.reward("the value is 7310", "7310") == 0.0
+    assert LookupTask.reward(None, "7310") == 0.0
+
+
+def test_demonstration_loss_covers_exactly_the_two_assistant_turns(tokenizer):
+    episode = Episode("4821", "7310")
+    pieces = demonstration_pieces(tokenizer, episode)
+    assert [m for _, m in pieces] == [0, 1, 0, 1]
+    prompt, call, bridge, answer = (t for t, _ in pieces)
+    assert prompt.endswith("lookup 4821<|im_end|>\n<|im_start|>assistant\n")
+    assert '"lookup"' in prompt  # the tool schema is in the system turn
+    assert (
+        call
+        == '<tool_call>\n{"name": "lookup", "arguments": {"key": "4821"}}\n</tool_call><|im_end|>'
+    )
+    assert "<tool_response>\n7310\n</tool_response>" in bridge
+    assert answer == "7310<|im_end|>"
+    ids, mask = demonstration_row(tokenizer, episode)
+    assert len(ids) == len(mask)
+    trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == call + answer
+    assert ids[: len(prompt_ids(tokenizer, episode))] == prompt_ids(tokenizer, episode)
+    batch = sft_batch(tokenizer, [episode, Episode("0001", "9999")])
+    assert len(batch["input_ids"]) == len(batch["loss_mask"]) == 2
+
+
+def test_tool_schema_is_what_openai_agents_sends():
+    agents = pytest.importorskip("agents")
+    from agents.models.chatcmpl_converter import Converter
+
+    from arctic_rl_demo.lookup_agent import lookup_tool
+
+    calls: list[str] = []
+    tool = lookup_tool("7310", calls)
+    assert isinstance(tool, agents.FunctionTool)
+    assert Converter.tool_to_openai(tool) == tool_schema()
+
+
+def _result(reward: float, rows: int = 1) -> EpisodeResult:
+    batch = {
+        "input_ids": [[1, 2, 3]] * rows,
+        "loss_mask": [[0.0, 1.0, 1.0]] * rows,
+        "old_log_probs": [[0.0, -0.5, -0.1]] * rows,
+    }
+    return EpisodeResult(Episode("1234", "5678"), "s", reward=reward, batch=batch)
+
+
+def test_grpo_batch_attaches_group_advantages_and_skips_groups_without_signal():
+    results = [_result(1.0), _result(0.0, rows=2), _result(1.0), _result(1.0)]
+    batch = grpo_batch(results, group_size=2)
+    assert len(batch["input_ids"]) == 3  # the second group agrees: no rows from it
+    assert batch["advantages"][0] > 0 > batch["advantages"][1] == batch["advantages"][2]
+    assert batch["loss_mask"][0] == [0.0, 1.0, 1.0]
+    assert batch["old_log_probs"][1] == [0.0, -0.5, -0.1]
+    assert grpo_batch([_result(0.0), _result(0.0)], 2)["input_ids"] == []
+
+
+def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys):
+    import arctic_rl_demo.lookup_main
+    from arctic_platform.rl.cli import main
+
+    seen = {}
+
+    def fake_run(settings):
+        seen["settings"] = settings
+        keys = ("before_sft", "after_sft", "final")
+        summary = {f"heldout_success_{k}": 0.5 for k in keys}
+        return {**summary, "heldout_size": 64, "heldout_gain_from_rl": 0.0, "total_seconds": 60.0}
+
+    monkeypatch.setattr(arctic_rl_demo.lookup_main, "run_lookup_demo", fake_run)
+    argv = ["demo", "--task", "lookup", "--steps", "7", "--sft-steps", "3", "--eval-every", "2"]
+    argv += ["--prompts-per-step", "5", "--samples-per-prompt", "6", "--lr", "0.5"]
+    argv += ["--sft-lr", "0.25", "--seed", "9", "--quiet", "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
+    s = seen["settings"]
+    assert (s.steps, s.sft_steps, s.eval_every, s.prompts_per_step, s.samples_per_prompt) == (
+        7,
+        3,
+        2,
+        5,
+        6,
+    )
+    assert (s.learning_rate, s.sft_learning_rate, s.seed, s.quiet) == (0.5, 0.25, 9, True)
+    assert s.output_dir == tmp_path
+    assert "held-out success (64 keys" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["demo", "--task", "lookup", "--async"])
