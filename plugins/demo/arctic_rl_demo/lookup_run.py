@@ -24,7 +24,15 @@ from arctic_rl_demo.run import MODEL_SIZES
 
 @dataclass
 class LookupSettings:
-    """What one lookup-demo run does (``steps`` counts GRPO steps; the warm start has its own)."""
+    """What one lookup-demo run does (``steps`` counts GRPO steps; the warm start has its own).
+
+    Not yet tuned to learn. Measured (CPU, seed 0): the warm start learns the format (masked
+    loss 0.66 = the 8 digits at chance, ln 10 each, over 28 trained tokens) and then plateaus:
+    held-out success 0.000 (right key 0.000) after 180 steps of the tiny model at lr 2e-3,
+    after 80 at 1e-2 (batch 64), and after 160 of a 3-layer 4-head 128-wide model at 3e-3.
+    The turn-1 prompt is about 290 tokens (the chat template's tool block), against about 8 for
+    the digit-reversal demo, whose tiny model learns to copy digits in 40 steps.
+    """
 
     steps: int = 30
     sft_steps: int = 30
