@@ -72,6 +72,20 @@ PLUGIN_RAISES = {
     "settings, checked before it starts",
     ("demo/arctic_rl_demo/rollouts.py", "ValueError"): "the demo application's own check "
     "of what it sampled; it is a client and raises to itself",
+    ("demo/arctic_rl_demo/command.py", "SystemExit"): "the demo command refusing flags the "
+    "lookup task does not take: it ends the command line, nothing catches it",
+    ("demo/arctic_rl_demo/lookup_agent.py", "ValueError"): "the lookup demo's own check of "
+    "its session handle (a client raising to itself)",
+    ("demo/arctic_rl_demo/lookup_grpo.py", "ValueError"): "the lookup demo's own check of "
+    "the rows it built (a client raising to itself)",
+    ("demo/arctic_rl_demo/lookup_run.py", "ValueError"): "the lookup demo's own settings, "
+    "checked before it starts",
+    ("demo/arctic_rl_demo/lookup_run.py", "RuntimeError"): "the lookup demo's own check that "
+    "a session's prompt matches its demonstrations (a client raising to itself)",
+    ("demo/arctic_rl_demo/lookup_sft.py", "ValueError"): "the lookup demo's own check of its "
+    "demonstrations' rendering",
+    ("demo/arctic_rl_demo/lookup_task.py", "ValueError"): "the lookup demo's own task "
+    "settings, checked before it starts",
 }
 VALIDATORS = {"field_validator", "model_validator", "validator", "root_validator"}
 

@@ -71,23 +71,27 @@ class AgentOps:
         self._generate = generate
         self._tokenizers: dict[str, ChatTokenizer] = {}
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
         self.store = SessionStore(self._tokenizer)
         self._job_of: dict[str, int] = {}
         self._by_key: dict[str, str] = {}
         self._context: dict[int, int | None] = {}
 
     def _tokenizer(self, model: str) -> ChatTokenizer:
-        with self._lock:
-            known = self._tokenizers.get(model)
-        if known is not None:
-            return known
-        try:
-            tokenizer = ChatTokenizer.from_pretrained(model)
-        except (OSError, ValueError) as exc:
-            raise InvalidRequestError(f"no chat tokenizer for {model!r}: {exc}") from None
-        with self._lock:
-            self._tokenizers[model] = tokenizer
-        return tokenizer
+        # one load at a time: sessions opened together on a fresh server imported
+        # transformers from several threads at once ("cannot import name AutoTokenizer")
+        with self._load_lock:
+            with self._lock:
+                known = self._tokenizers.get(model)
+            if known is not None:
+                return known
+            try:
+                tokenizer = ChatTokenizer.from_pretrained(model)
+            except (OSError, ValueError) as exc:
+                raise InvalidRequestError(f"no chat tokenizer for {model!r}: {exc}") from None
+            with self._lock:
+                self._tokenizers[model] = tokenizer
+            return tokenizer
 
     def _session(self, session_id: str) -> AgentSession:
         for gone in self.store.expire():
