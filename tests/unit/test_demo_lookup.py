@@ -79,9 +79,48 @@ def test_tool_schema_is_what_openai_agents_sends():
     from arctic_rl_demo.lookup_agent import lookup_tool
 
     calls: list[str] = []
-    tool = lookup_tool("7310", calls)
+    tool = lookup_tool(Episode("4821", "7310"), calls)
     assert isinstance(tool, agents.FunctionTool)
     assert Converter.tool_to_openai(tool) == tool_schema()
+
+
+def test_the_tool_answers_only_the_episodes_key():
+    import asyncio
+    import json
+
+    pytest.importorskip("agents")
+    from agents.tool_context import ToolContext
+
+    from arctic_rl_demo.lookup_agent import UNKNOWN_KEY, lookup_tool
+
+    calls: list[str] = []
+    tool = lookup_tool(Episode("4821", "7310"), calls)
+
+    def call(key: str) -> str:
+        args = json.dumps({"key": key})
+        context = ToolContext(
+            context=None, tool_name="lookup", tool_call_id="c", tool_arguments=args
+        )
+        return str(asyncio.run(tool.on_invoke_tool(context, args)))
+
+    assert call("4821") == "7310"
+    assert call("4822") == UNKNOWN_KEY  # a wrong key never reveals the value
+    assert calls == ["4821", "4822"]
+
+
+def test_short_demonstrations_drop_only_the_tool_block(tokenizer):
+    episode = Episode("4821", "7310")
+    full = demonstration_pieces(tokenizer, episode)
+    short = demonstration_pieces(tokenizer, episode, with_tools=False)
+    assert [p for p in short[1:]] == [p for p in full[1:]]  # call, bridge, answer unchanged
+    assert "<tools>" in full[0][0] and "<tools>" not in short[0][0]
+    assert short[0][0].endswith("lookup 4821<|im_end|>\n<|im_start|>assistant\n")
+    ids, mask = demonstration_row(tokenizer, episode, with_tools=False)
+    full_ids, full_mask = demonstration_row(tokenizer, episode)
+    assert len(ids) < len(full_ids) / 2
+    # the trained tokens and their distance to the key are the same: the copy carries over
+    assert ids[-sum(1 for m in mask if m) :] == full_ids[-sum(1 for m in full_mask if m) :]
+    assert ids[-60:] == full_ids[-60:]
 
 
 def _result(reward: float, rows: int = 1) -> EpisodeResult:
@@ -119,6 +158,7 @@ def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys
     argv = ["demo", "--task", "lookup", "--steps", "7", "--sft-steps", "3", "--eval-every", "2"]
     argv += ["--prompts-per-step", "5", "--samples-per-prompt", "6", "--lr", "0.5"]
     argv += ["--sft-lr", "0.25", "--seed", "9", "--quiet", "--output-dir", str(tmp_path)]
+    argv += ["--sft-short-steps", "11"]
     assert main(argv) == 0
     s = seen["settings"]
     assert (s.steps, s.sft_steps, s.eval_every, s.prompts_per_step, s.samples_per_prompt) == (
@@ -129,7 +169,10 @@ def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys
         6,
     )
     assert (s.learning_rate, s.sft_learning_rate, s.seed, s.quiet) == (0.5, 0.25, 9, True)
+    assert s.sft_short_steps == 11
     assert s.output_dir == tmp_path
     assert "held-out success (64 keys" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["demo", "--task", "lookup", "--async"])
+    with pytest.raises(SystemExit, match="lookup"):
+        main(["demo", "--sft-short-steps", "5"])  # the reverse task has no short curriculum

@@ -28,7 +28,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--sft-steps",
         type=int,
-        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS}) [30]",
+        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS}) [4, full-length]",
+    )
+    add(
+        "--sft-short-steps",
+        type=int,
+        help="lookup only: warm-start steps on demonstrations without the tool block, before "
+        "the full-length ones [200]",
     )
     add(
         "--eval-every",
@@ -83,6 +89,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the demo with the parsed options and print its one-line result."""
     if args.task == "lookup":
         return run_lookup_command(args)
+    if args.sft_short_steps is not None:
+        raise SystemExit("--sft-short-steps is the lookup task's (--task lookup)")
     from arctic_rl_demo.main import run_demo
     from arctic_rl_demo.run import DemoSettings
 

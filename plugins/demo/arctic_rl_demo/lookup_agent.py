@@ -1,11 +1,12 @@
 """Lookup episodes played by a real openai-agents ``Agent`` + ``Runner`` against agent sessions.
 
 Each episode opens its own session on the run's sampling job, points an ``AsyncOpenAI``
-client at the session's URL, and runs an agent whose one tool, ``lookup``, returns the
-episode's value. Turn 1 uses ``tool_choice="required"`` (the server constrains it to a
-well-formed call; openai-agents then resets the choice, so turn 2 answers freely). The session
-keeps every turn's sampled ids and log-probs; its trajectory ``batch`` is what GRPO trains on.
-openai-agents, openai and httpx are imported here only, when an episode runs.
+client at the session's URL, and runs an agent whose one tool, ``lookup``, knows one key: the
+episode's (any other key gets ``unknown key``, so the reward needs the right key). Turn 1 uses
+``tool_choice="required"`` (the server constrains it to a well-formed call; openai-agents then
+resets the choice, so turn 2 answers freely). The session keeps every turn's sampled ids and
+log-probs; its trajectory ``batch`` is what GRPO trains on. openai-agents, openai and httpx are
+imported here only, when an episode runs.
 """
 
 from __future__ import annotations
@@ -39,13 +40,20 @@ class EpisodeResult:
         return self.called_key == self.episode.key
 
 
-def lookup_tool(value: str, calls: list[str]) -> Any:
-    """An openai-agents function tool named ``lookup`` that records its key, returns ``value``."""
+UNKNOWN_KEY = "unknown key"
+
+
+def lookup_tool(episode: Episode, calls: list[str]) -> Any:
+    """An openai-agents function tool named ``lookup`` that records each key it is called with
+    and returns the episode's value for the episode's key, ``unknown key`` for any other.
+
+    (A first version returned the value whatever the key: GRPO then learned to call lookup
+    with a wrong key, 0.0 held-out right keys at 1.0 success.)"""
     import agents
 
     def lookup(key: str) -> str:
         calls.append(key)
-        return value
+        return episode.value if key == episode.key else UNKNOWN_KEY
 
     lookup.__doc__ = TOOL_DESCRIPTION
     return agents.function_tool(lookup)
@@ -102,7 +110,7 @@ class AgentPlayer:
         result = EpisodeResult(episode, handle.session_id)
         calls: list[str] = []
         try:
-            agent = self._agent(handle, lookup_tool(episode.value, calls), temperature)
+            agent = self._agent(handle, lookup_tool(episode, calls), temperature)
             run = await agents.Runner.run(agent, episode.prompt, max_turns=2)
             result.final_output = str(run.final_output)
             result.reward = self.task.reward(run.final_output, episode.value)

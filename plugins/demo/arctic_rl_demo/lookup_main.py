@@ -91,7 +91,9 @@ async def _run(settings: LookupSettings) -> dict[str, Any]:
     try:
         t0 = time.monotonic()
         before = await run.evaluate(-1)
-        await run.warm_start()
+        sft_total = s.sft_short_steps + s.sft_steps
+        with tqdm(total=sft_total, desc="SFT (demos)", file=sys.stderr, disable=s.quiet) as bar:
+            await run.warm_start(bar)
         after_sft = await run.evaluate(0)
         run.last_eval = after_sft
         seconds["sft"] = time.monotonic() - t0

@@ -27,6 +27,7 @@ def summarize(
     settings = {key: str(v) if isinstance(v, Path) else v for key, v in asdict(s).items()}
     return {
         "task": "lookup",
+        "sft_short_steps": s.sft_short_steps,
         "sft_steps": s.sft_steps,
         "steps": len(rl),
         "episodes_per_step": s.prompts_per_step * s.samples_per_prompt,
@@ -59,7 +60,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         "| metric | value |",
         "|---|---|",
         "| task | lookup: call `lookup(key)`, answer with its value (openai-agents Runner) |",
-        f"| SFT steps, then GRPO steps | {summary['sft_steps']}, {summary['steps']} |",
+        "| SFT steps (short demonstrations, full-length), then GRPO steps | "
+        f"{summary['sft_short_steps']}, {summary['sft_steps']}, {summary['steps']} |",
         f"| episodes (agent sessions) per GRPO step | {summary['episodes_per_step']} |",
         f"| held-out success before SFT | {summary['heldout_success_before_sft']:.3f} |",
         f"| held-out success after SFT | {summary['heldout_success_after_sft']:.3f} |",
@@ -85,7 +87,7 @@ def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sft = settings.sft_steps
+    sft = settings.sft_short_steps + settings.sft_steps
     rl = [r for r in records if r["phase"] == "rl"]
     evals = [r for r in records if r["phase"] == "eval"]
     xs = [0 if r["rl_step"] < 0 else sft + r["rl_step"] for r in evals]

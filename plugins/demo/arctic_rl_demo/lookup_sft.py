@@ -6,6 +6,11 @@ turn 1's prompt (system with the tool, user, generation prompt), the assistant's
 and including its eos, the bridge (what the template writes after that eos, the tool result
 and the next generation prompt), the answer up to and including its eos. Each piece is encoded
 on its own, as the session does, and ``loss_mask`` is 1 exactly on the two assistant pieces.
+
+``with_tools=False`` renders the same conversation without the template's tool block (about
+235 of its 320 tokens): the warm start's short-context curriculum, where the tiny model learns
+to copy digits quickly; the copy is at the same relative offsets with the tool block, so it
+carries over after a few full-length steps.
 """
 
 from __future__ import annotations
@@ -25,9 +30,17 @@ class ChatTemplateTokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
-def _render(tokenizer: ChatTemplateTokenizer, messages: list[dict[str, Any]], gen: bool) -> str:
+def _render(
+    tokenizer: ChatTemplateTokenizer,
+    messages: list[dict[str, Any]],
+    gen: bool,
+    with_tools: bool = True,
+) -> str:
     text = tokenizer.apply_chat_template(
-        messages, tools=[tool_schema()], tokenize=False, add_generation_prompt=gen
+        messages,
+        tools=[tool_schema()] if with_tools else None,
+        tokenize=False,
+        add_generation_prompt=gen,
     )
     return str(text)
 
@@ -44,28 +57,32 @@ def _assistant_piece(before: str, after: str, eos: str) -> str:
 
 
 def demonstration_pieces(
-    tokenizer: ChatTemplateTokenizer, episode: Episode
+    tokenizer: ChatTemplateTokenizer, episode: Episode, with_tools: bool = True
 ) -> list[tuple[str, int]]:
     """The conversation's text pieces, each with 1 when the loss covers it, else 0."""
     messages = demonstration_messages(episode)
     eos = tokenizer.eos_token
-    prompt = _render(tokenizer, messages[:2], gen=True)
-    call = _assistant_piece(prompt, _render(tokenizer, messages[:3], gen=False), eos)
-    second = _render(tokenizer, messages[:4], gen=True)
+
+    def render(count: int, gen: bool) -> str:
+        return _render(tokenizer, messages[:count], gen, with_tools)
+
+    prompt = render(2, gen=True)
+    call = _assistant_piece(prompt, render(3, gen=False), eos)
+    second = render(4, gen=True)
     if not second.startswith(prompt + call):
         raise ValueError("turn 2's prompt does not extend turn 1's prompt and call")
     bridge = second[len(prompt + call) :]
-    answer = _assistant_piece(second, _render(tokenizer, messages, gen=False), eos)
+    answer = _assistant_piece(second, render(len(messages), gen=False), eos)
     return [(prompt, 0), (call, 1), (bridge, 0), (answer, 1)]
 
 
 def demonstration_row(
-    tokenizer: ChatTemplateTokenizer, episode: Episode
+    tokenizer: ChatTemplateTokenizer, episode: Episode, with_tools: bool = True
 ) -> tuple[list[int], list[int]]:
     """One demonstration's token ids and loss mask (1 on the assistant turns' tokens)."""
     ids: list[int] = []
     mask: list[int] = []
-    for text, trained in demonstration_pieces(tokenizer, episode):
+    for text, trained in demonstration_pieces(tokenizer, episode, with_tools):
         piece = list(tokenizer.encode(text, add_special_tokens=False))
         ids += piece
         mask += [trained] * len(piece)
@@ -78,7 +95,10 @@ def prompt_ids(tokenizer: ChatTemplateTokenizer, episode: Episode) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def sft_batch(tokenizer: ChatTemplateTokenizer, episodes: list[Episode]) -> dict[str, Any]:
-    """A ``cross_entropy`` batch of demonstrations."""
-    rows = [demonstration_row(tokenizer, e) for e in episodes]
+def sft_batch(
+    tokenizer: ChatTemplateTokenizer, episodes: list[Episode], with_tools: bool = True
+) -> dict[str, Any]:
+    """A ``cross_entropy`` batch of demonstrations (``with_tools=False``: without the tool
+    block, the short-context curriculum)."""
+    rows = [demonstration_row(tokenizer, e, with_tools) for e in episodes]
     return {"input_ids": [r[0] for r in rows], "loss_mask": [r[1] for r in rows]}

@@ -1,9 +1,10 @@
 """The agent demo's task: call ``lookup(key)`` and answer with exactly the value it returns.
 
-The user asks ``lookup 4821``; the tool returns a value (four digits, drawn per episode, so
-it can only be known by calling the tool); the reward is 1.0 when the agent's final answer,
-stripped of surrounding spaces, is exactly that value. A fixed held-out set of keys (each with
-a fixed value, drawn from its own seed) is never used for demonstrations or rollouts.
+The user asks ``lookup 4821``; the tool returns a value for that key only (four digits, drawn
+per episode, so it can only be known by calling the tool with the right key); the reward is 1.0
+when the agent's final answer, stripped of surrounding spaces, is exactly that value. A fixed
+held-out set of keys (each with a fixed value, drawn from its own seed) is never used for
+demonstrations or rollouts.
 """
 
 from __future__ import annotations
