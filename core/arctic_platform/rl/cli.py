@@ -224,6 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a weight sync waits for a peer or a bucket (default 120)",
     )
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-file",
+        help="send this process's output (and what Ray forwards) to this file, rotated by size "
+        "(the local backend passes RUN_DIR/server.log); default: the terminal",
+    )
+    serve.add_argument(
+        "--log-max-mb",
+        type=float,
+        help="with --log-file: rotate past this size (default $ARCTIC_RL_LOG_MAX_MB or 64)",
+    )
+    serve.add_argument(
+        "--log-backups",
+        type=int,
+        help="with --log-file: rotated files kept (default $ARCTIC_RL_LOG_BACKUPS or 3)",
+    )
     serve.set_defaults(handler=_serve)
 
     platform = sub.add_parser("platform", help="a multi-user platform server for a backend")

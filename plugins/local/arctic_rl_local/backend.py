@@ -65,7 +65,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 class _LogFollower(threading.Thread):
-    """Copies new lines of the server log to this process's stderr."""
+    """Copies new lines of the server log to this process's stderr (from the start of a new
+    file after the server rotated it)."""
 
     def __init__(self, path: Path, offset: int) -> None:
         super().__init__(daemon=True, name="server-log")
@@ -76,6 +77,8 @@ class _LogFollower(threading.Thread):
         while not self.stopped.wait(0.3):
             try:
                 with self.path.open("rb") as f:
+                    if os.fstat(f.fileno()).st_size < self.offset:  # rotated
+                        self.offset = 0
                     f.seek(self.offset)
                     chunk = f.read()
             except OSError:
@@ -160,6 +163,8 @@ class LocalBackend(Backend):
             str(self.run_dir),
             "--num-gpus",
             str(max(num_gpus, 1)),
+            "--log-file",
+            str(log_path),
         ]
         if not config.ray_auto_attach:
             cmd.append("--no-ray-auto-attach")

@@ -90,6 +90,32 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def start_log_rotation(args: argparse.Namespace) -> str | None:
+    """With ``--log-file``: fds 1 and 2 go to that file, rotated by size; Ray's worker logs
+    rotate by the same bound. Returns why the options are refused, else ``None``."""
+    from arctic_platform.rl.server.log_rotation import (
+        RotatingOutput,
+        default_backups,
+        default_max_mb,
+    )
+
+    if getattr(args, "log_file", None) is None:
+        return None
+    try:
+        max_mb = default_max_mb() if args.log_max_mb is None else args.log_max_mb
+        backups = default_backups() if args.log_backups is None else args.log_backups
+    except ValueError as exc:
+        return f"ARCTIC_RL_LOG_MAX_MB / ARCTIC_RL_LOG_BACKUPS must be numbers ({exc})"
+    if max_mb <= 0 or backups < 0:
+        return f"--log-max-mb must be > 0 and --log-backups >= 0 (got {max_mb}, {backups})"
+    max_bytes = max(1, int(max_mb * 1_000_000))
+    # Ray rotates its workers' .out/.err files only when this is set (ray 2.x default_worker)
+    os.environ.setdefault("RAY_ROTATION_MAX_BYTES", str(max_bytes))
+    os.environ.setdefault("RAY_ROTATION_BACKUP_COUNT", str(max(backups, 1)))
+    RotatingOutput(Path(args.log_file), max_bytes, backups).start()
+    return None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``arctic-rl serve`` with its parsed arguments; the exit status (2: refused)."""
     from arctic_platform.rl.network import token_rule_violation
@@ -97,6 +123,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from arctic_platform.rl.run_dirs import server_run_dir
     from arctic_platform.rl.server import RLServer
 
+    refused_log = start_log_rotation(args)
+    if refused_log is not None:
+        print(f"error: {refused_log}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
