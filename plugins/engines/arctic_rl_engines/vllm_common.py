@@ -30,6 +30,7 @@ from arctic_platform.rl.api import (
     MissingDependencyError,
 )
 from arctic_rl_engines.vllm_lora import LoraServing, lora_engine_kwargs, lora_of, named_tensor
+from arctic_rl_engines.vllm_quiet_logs import quiet_per_sync_logs
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -313,6 +314,7 @@ class VLLMEngine(LoraServing, Engine):
                 config.model_name, bool(overrides.get("trust_remote_code", False))
             )
         self.engine_kwargs = engine_kwargs(config, cuda=self._cuda, max_positions=max_positions)
+        quiet_per_sync_logs()
         started = time.monotonic()
         import torch
         from vllm import LLM

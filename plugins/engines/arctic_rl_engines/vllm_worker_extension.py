@@ -172,6 +172,9 @@ class ArcticWorkerExtension:
         """
         import time
 
+        from arctic_rl_engines.vllm_quiet_logs import quiet_per_sync_logs
+
+        quiet_per_sync_logs()  # the worker may be another process than the engine's
         started = time.perf_counter()
         if isinstance(weights, bytes | bytearray | memoryview):
             from safetensors.torch import load
