@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,13 +121,18 @@ class RayCluster:
     mode: str = "loopback"
     node_address: str = "127.0.0.1"
     attach_refused: str | None = None
+    temp_dir: Path | None = None
 
     def shutdown(self) -> None:
-        """Disconnect; a cluster started here goes down with it, an attached one stays up."""
+        """Disconnect; a cluster started here goes down with it, an attached one stays up.
+        The temp dir of a cluster started here (its sessions' logs and sockets) is removed:
+        a clean stop leaves nothing in /tmp (after a crash it stays, for a post-mortem)."""
         import ray
 
         if ray.is_initialized() and not self.inside_ray:
             ray.shutdown()
+        if self.started_here and self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def describe(self) -> dict[str, Any]:
         """Where the jobs run: the cluster, its mode and its nodes (for ``status``)."""
@@ -271,7 +277,14 @@ def start_or_attach(
     )
     context = ray.get_runtime_context()
     resources = ray.cluster_resources()
-    return RayCluster(context.gcs_address, True, cpu_mode, resources, attach_refused=refused)
+    return RayCluster(
+        context.gcs_address,
+        True,
+        cpu_mode,
+        resources,
+        attach_refused=refused,
+        temp_dir=temp_dir,
+    )
 
 
 def is_loopback_address(address: str) -> bool:
