@@ -205,6 +205,14 @@ def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             entry[f"{kind}_kb_per_step"] = growth_per_step(points) / KB
             entry[f"{kind}_first_mb"] = points[0][1] / MB
             entry[f"{kind}_last_mb"] = points[-1][1] / MB
+        for kind in MAPPING_KINDS:
+            points = [
+                (float(s["step"]), float(s["processes"][label]["maps"][kind]))
+                for s in samples
+                if label in s["processes"] and "maps" in s["processes"][label]
+            ]
+            if len(points) >= 2:
+                entry.setdefault("maps_kb_per_step", {})[kind] = growth_per_step(points) / KB
         entry["samples"] = sum(1 for s in samples if label in s["processes"])
         entry["job_type"] = job_type_of(label)
         processes[label] = entry
@@ -285,6 +293,40 @@ def read_tree(root_pid: int) -> list[Proc]:
     return out
 
 
+MAPPING_KINDS = ("heap", "anon", "file", "stack", "other")
+
+
+def mapping_kind(name: str) -> str:
+    """The kind of one ``/proc/<pid>/smaps`` mapping from its name: ``[heap]`` (brk),
+    ``anon`` (no name: mmap'd arenas, big tensors), ``file``, ``stack``, ``other``."""
+    if name == "[heap]":
+        return "heap"
+    if not name:
+        return "anon"
+    if name.startswith("[stack"):
+        return "stack"
+    if name.startswith("/") and not name.startswith("/dev/shm"):
+        return "file"
+    return "other"
+
+
+def rss_by_mapping(pid: int) -> dict[str, int] | None:
+    """Resident bytes of ``pid`` by mapping kind (``MAPPING_KINDS``), or None if unreadable."""
+    out = dict.fromkeys(MAPPING_KINDS, 0)
+    kind = "other"
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=5)
+                if head and "-" in head[0] and not head[0].endswith(":"):
+                    kind = mapping_kind(head[5].strip() if len(head) > 5 else "")
+                elif head and head[0] == "Rss:":
+                    out[kind] += int(head[1]) * 1024
+    except OSError:
+        return None
+    return out
+
+
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -306,11 +348,15 @@ def dir_bytes(path: Path) -> int | None:
 # --- the run -------------------------------------------------------------------------------
 
 
-def _start(transport: str, run_dir: Path, port: int | None) -> subprocess.Popen[bytes]:
-    """``arctic-rl serve`` over ``transport`` with three logical GPUs, answering once up."""
-    args = ["serve", "--transport", transport, "--run-dir", str(run_dir)]
-    args += ["--num-gpus", "3", "--no-ray-auto-attach"]
+def _start(
+    transport: str, run_dir: Path, port: int | None, log_max_mb: float
+) -> subprocess.Popen[bytes]:
+    """``arctic-rl serve`` over ``transport`` with three logical GPUs, answering once up; its
+    log rotated as the local backend's is (``--log-file``), at ``log_max_mb``, 2 backups."""
     log = run_dir / "server.log"  # where the local backend puts it: counted in the state dir
+    args = ["serve", "--transport", transport, "--run-dir", str(run_dir)]
+    args += ["--num-gpus", "3", "--no-ray-auto-attach", "--log-file", str(log)]
+    args += ["--log-max-mb", str(log_max_mb), "--log-backups", "2"]
     if transport == "http":
         args += ["--host", "127.0.0.1", "--port", str(port)]
         return start_server(args, health_url=f"http://127.0.0.1:{port}/health", log=log)
@@ -388,6 +434,11 @@ def _sample(
     entries = {
         labels[p.pid]: {"pid": p.pid, "rss": p.rss, "pss": p.pss, "uss": p.uss} for p in procs
     }
+    for p in procs:
+        if p.pid in workers or p.pid == server_pid:
+            maps = rss_by_mapping(p.pid)
+            if maps is not None:
+                entries[labels[p.pid]]["maps"] = maps
     return {
         "step": step,
         "time": time.time(),
@@ -423,6 +474,7 @@ def run(
     lora: int | None = None,
     out: str | None = None,
     seed: int = 0,
+    log_max_mb: float = 1.0,
 ) -> dict[str, Any]:
     """Run the soak; write ``soak.json`` and ``soak.png`` under ``out``; return the report."""
     if jobs not in JOBS_CHOICES:
@@ -467,7 +519,8 @@ def run(
     shape = {"prompts": prompts, "samples": samples, "max_tokens": max_tokens}
     settings = {"transport": transport, "steps": steps, "every": every, **shape}
     settings.update({"jobs": jobs, "lora": lora, "seed": seed, "model": model})
-    server = _start(transport, run_dir, port)
+    settings["log_max_mb"] = log_max_mb
+    server = _start(transport, run_dir, port, log_max_mb)
     ray_tmp = Path(os.environ.get("ARCTIC_RL_RAY_TMP", "/tmp")) / f"arctic-rl-ray-{server.pid}"
     labeller = Labeller()
     rng = random.Random(seed)
@@ -599,6 +652,11 @@ def describe(report: Mapping[str, Any]) -> str:
         f"  {'TOTAL':<{width}}  {figures(total)}  {total.get('rss_first_mb', math.nan):.1f} -> "
         f"{total.get('rss_last_mb', math.nan):.1f} MB"
     )
+    for label, entry in sorted(summary["processes"].items()):
+        maps = entry.get("maps_kb_per_step")
+        if maps:
+            parts = ", ".join(f"{kind} {value:+.2f}" for kind, value in maps.items())
+            lines.append(f"  {label} RSS by mapping (KB/step): {parts}")
     for key, entry in summary["dirs"].items():
         lines.append(
             f"  {key}: {entry['first_mb']:.2f} MB at start, {entry['last_mb']:.2f} MB at end "
@@ -659,6 +717,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lora", type=int, metavar="RANK", help="train a LoRA adapter of RANK")
     parser.add_argument("--out", help="where soak.json, soak.png and the run dir go")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--log-max-mb",
+        type=float,
+        default=1.0,
+        help="the server log rotates past this size, 2 backups kept (default 1 MB, so a long "
+        "run shows the state dir's bound)",
+    )
     args = parser.parse_args(argv)
     report = run(
         transport=args.transport,
@@ -671,6 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lora=args.lora,
         out=args.out,
         seed=args.seed,
+        log_max_mb=args.log_max_mb,
     )
     print(describe(report))
     print(f"wrote {report['json']} and {report['png']}")

@@ -178,3 +178,19 @@ def test_a_sample_without_pss_leaves_the_pss_figures_to_the_samples_that_have_it
     assert summary["total"]["rss_kb_per_step"] == pytest.approx(3.0)
     assert summary["total"]["pss_kb_per_step"] == pytest.approx(3.0)
     assert summary["processes"]["training worker"]["pss_kb_per_step"] == pytest.approx(3.0)
+
+
+def test_mappings_are_classified_by_their_smaps_name():
+    from bench.soak import mapping_kind, rss_by_mapping
+
+    assert mapping_kind("[heap]") == "heap"
+    assert mapping_kind("") == "anon"
+    assert mapping_kind("/usr/lib/libc.so.6") == "file"
+    assert mapping_kind("/dev/shm/torch_1") == "other"
+    assert mapping_kind("[stack]") == "stack"
+    assert mapping_kind("[vdso]") == "other"
+    import os
+
+    mine = rss_by_mapping(os.getpid())
+    assert mine is not None and mine["file"] > 0 and sum(mine.values()) > 0
+    assert rss_by_mapping(2**22 + 12345) is None  # no such process
