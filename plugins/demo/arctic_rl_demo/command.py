@@ -69,17 +69,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "instead of every weight",
     )
     rates = (
-        ("--lr", "learning_rate", 1e-3, "GRPO"),
-        ("--sft-lr", "sft_learning_rate", 2e-3, "warm-start"),
+        ("--lr", "learning_rate", 1e-3, 5e-4, "GRPO"),
+        ("--sft-lr", "sft_learning_rate", 2e-3, 2e-3, "warm-start"),
     )
-    for flag, dest, default, phase in rates:
+    for flag, dest, default, lookup_default, phase in rates:
         metavar = flag[2:].upper().replace("-", "_")
         add(
             flag,
             dest=dest,
             metavar=metavar,
             type=float,
-            help=f"{phase} learning rate (default {default:g})",
+            help=f"{phase} learning rate (default {default:g} [{lookup_default:g}])",
         )
     add("--kl-coef", type=float, default=0.0)
     add("--quiet", action="store_true")

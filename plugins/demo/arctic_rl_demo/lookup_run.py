@@ -33,6 +33,10 @@ class LookupSettings:
     held-out 0.000 after 180 steps, also for wider, deeper and lower-RoPE-base models); with
     short demonstrations the copy is learned after about 110 steps, and it carries over to the
     full prompt (the copy sits at the same relative offsets) after about 10 full-length steps.
+    Four full-length steps leave the held-out success anywhere from 0.03 (seed 1) to 0.86
+    (seed 0) and GRPO takes it to 0.89 and 1.00 in 30 steps; with two the answer turn is still
+    broken and GRPO gets no reward to learn from. A GRPO rate of 1e-3 collapsed seed 0 from
+    0.98 to 0.00 for a few steps (recovered by step 15); 5e-4 did not.
     """
 
     steps: int = 30
@@ -43,7 +47,7 @@ class LookupSettings:
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     max_tokens: int = 32
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-4
     eval_every: int = 5
     digits: int = 4
     heldout_size: int = 64

@@ -107,7 +107,7 @@ def test_a_call_vllm_refuses_fails_alone_and_the_loop_keeps_serving(engine):
         refused = engine.loop.submit(bad, [SamplingParams(max_tokens=4)] * 2)
 
     # an out-of-vocabulary id is the caller's fault: vLLM's client error becomes a 422
-    with pytest.raises(InvalidRequestError, match="vLLM refused a request.*out of vocabulary"):
+    with pytest.raises(InvalidRequestError, match=r"vLLM refused a request.*out of vocabulary"):
         engine.loop.wait(refused, WAIT)
     assert len(engine.loop.wait(ok, WAIT)[0].outputs[0].token_ids) == 4
     assert engine.loop.counts()["running_requests"] == 0  # the refused call left nothing behind
