@@ -256,6 +256,14 @@ def top_pairs(step: dict[int, Any], k: int) -> list[list[float | int]]:
     return [[token, logprob] for _, token, logprob in ranked[:k]]
 
 
+def prefix_cache_salt(version: int, adapter: str | None = None) -> str:
+    """The prefix-cache salt of a request served by weight ``version`` (of ``adapter`` in LoRA
+    mode): vLLM reuses cached blocks only between requests of the same salt, so a prefix
+    computed under one version never serves another, even between a sync and the cache
+    reset that follows it, or for a request still in flight across a hotswap."""
+    return f"w{version}" if adapter is None else f"{adapter}@w{version}"
+
+
 class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
     """vLLM generation with in-place weight updates (the ``vllm`` sampling engine).
 
@@ -351,14 +359,15 @@ class VLLMSamplingEngine(VLLMEngine, SamplingEngine):
         if not token_ids:
             return []
         self._ready()
+        lora_mode = self.adapter_store is not None
+        version = (adapter_at or 0) if lora_mode else self.weight_version
+        salt = prefix_cache_salt(version, adapter if lora_mode else None)
         call = self.loop.submit(
-            [TokensPrompt(prompt_token_ids=ids) for ids in token_ids],
+            [TokensPrompt(prompt_token_ids=ids, cache_salt=salt) for ids in token_ids],
             spec.per_prompt(len(token_ids)),
             [lora_request] * len(token_ids),
         )
         outputs = self.loop.wait(call)
-        lora_mode = self.adapter_store is not None
-        version = (adapter_at or 0) if lora_mode else self.weight_version
         results = []
         for ids, output in zip(token_ids, outputs, strict=True):
             completions = sorted(output.outputs, key=lambda c: c.index)

@@ -275,3 +275,29 @@ def test_hotswap_in_a_multiprocess_engine_pauses_its_core_for_the_swap(tiny_mode
     assert result["old_diff"] < TOLERANCE and result["new_diff"] < TOLERANCE
     assert result["later_diff"] < TOLERANCE
     assert result["later_versions"] == [v1, v1]
+
+
+def test_each_weight_version_salts_the_prefix_cache_on_its_own(engine, hf_model):
+    from arctic_rl_engines.vllm_sampling import prefix_cache_salt
+
+    seen: list[Any] = []
+    submit = engine.loop.submit
+
+    def recording(prompts, *args, **kwargs):
+        seen.append([p.get("cache_salt") for p in prompts])
+        return submit(prompts, *args, **kwargs)
+
+    engine.loop.submit = recording
+    try:
+        params = {"max_tokens": 3, "seed": 5}
+        first = engine.generate([[50, 51, 52], [50, 51, 53]], params)
+        version = engine.weight_version
+        engine.swap_weights(hf_model.state_dict().items(), strategy="drain")  # same weights
+        again = engine.generate([[50, 51, 52]], params)
+    finally:
+        del engine.loop.submit
+    assert seen == [[prefix_cache_salt(version)] * 2, [prefix_cache_salt(version + 1)]]
+    assert prefix_cache_salt(version) != prefix_cache_salt(version + 1)
+    # the salt changes which cached blocks a request may reuse, never what it samples
+    assert again[0]["completions"][0]["token_ids"] == first[0]["completions"][0]["token_ids"]
+    assert again[0]["completions"][0]["weight_version_start"] == version + 1
