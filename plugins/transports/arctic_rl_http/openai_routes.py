@@ -1,7 +1,8 @@
 """OpenAI-compatible routes of agent sessions, mounted by the http app.
 
 Under ``/s/{sid}/v1``: ``POST /chat/completions`` (SSE with ``"stream": true``: the turn is
-sampled whole, then streamed) and ``GET /models``; vLLM's token-in
+sampled whole, then streamed), ``POST /completions`` (a text or token-id prompt) and
+``GET /models``; vLLM's token-in
 ``POST /s/{sid}/inference/v1/generate``. The same routes without the ``/s/{sid}`` prefix find
 the session from an ``X-Session-ID`` header or from the session key sent as the bearer API key.
 
@@ -139,6 +140,7 @@ def _token_generate(agents: Any, sid: str, body: Any) -> dict[str, Any]:
 
 ROUTES: tuple[tuple[str, str, str, Callable[[Any, str, Any], dict[str, Any]]], ...] = (
     ("POST", "/v1/chat/completions", "chat_completions", lambda a, s, b: a.chat_completion(s, b)),
+    ("POST", "/v1/completions", "completions", lambda a, s, b: a.completion(s, b)),
     ("GET", "/v1/models", "models", lambda a, s, b: a.models(s)),
     ("POST", "/inference/v1/generate", "token_generate", _token_generate),
 )

@@ -162,6 +162,28 @@ def test_token_in_generate_records_its_turns(rl):
     assert turn["prompt_ids"] == prompt and turn["completion_ids"] == ids
 
 
+def test_completions_with_text_then_ids_are_one_token_faithful_segment(rl):
+    handle = rl.open_session()
+    client = _openai(handle)
+    first = client.completions.create(
+        model=handle.model, prompt="lookup 4821", max_tokens=6, temperature=1.0, seed=5,
+        logprobs=1, extra_body=EXTRA,
+    )  # fmt: skip
+    choice = first.choices[0]
+    prompt, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+    assert len(choice.logprobs.token_logprobs) == len(ids) > 0
+    second = client.completions.create(
+        model=handle.model, prompt=[*prompt, *ids, 20], max_tokens=4, extra_body=EXTRA
+    )
+    assert second.choices[0].model_extra["prompt_token_ids"] == [*prompt, *ids, 20]
+    turns = rl.session_trajectory(handle.session_id)["turns"]
+    assert [t["completion_ids"] for t in turns] == [ids, second.choices[0].model_extra["token_ids"]]
+    assert turns[0]["completion_log_probs"] == choice.logprobs.token_logprobs
+    assert [t["segment"] for t in turns] == [0, 0] and not turns[1]["prefix_break"]
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        client.completions.create(model=handle.model, prompt="x", n=2)
+
+
 def _turn(client: Any, handle: Any, messages: list[dict[str, Any]]) -> Any:
     return client.chat.completions.create(
         model=handle.model,

@@ -292,3 +292,39 @@ def test_a_streamed_turn_is_openai_chunks_then_done_and_is_recorded(chat_tok, to
     assert text == "the value is 1234"
     trajectory = http.get(f"/sessions/{opened['session_id']}/trajectory").json()
     assert [t["completion_ids"] for t in trajectory["turns"]] == [call_ids, text_ids]
+
+
+def test_completions_take_text_or_ids_and_record_turns_that_extend(chat_tok, tok_dir):
+    first_ids = [*chat_tok.encode(" 1234"), chat_tok.eos_id]
+    server = FakeServer(tok_dir, [first_ids, [chat_tok.eos_id]])
+    http = _app(server, TOKEN)
+    opened = _open(http)
+    client = _client(http, opened["base_url_path"], opened["key"])
+    first = client.completions.create(
+        model="m", prompt="lookup 4821:", max_tokens=8, logprobs=2,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = first.choices[0]
+    prompt = chat_tok.encode("lookup 4821:")
+    assert choice.model_extra["prompt_token_ids"] == prompt  # encoded as written
+    assert choice.model_extra["token_ids"] == first_ids
+    assert choice.text == chat_tok.decode(first_ids)
+    assert choice.logprobs.token_logprobs == [-0.5] * len(first_ids)
+    assert len(choice.logprobs.top_logprobs[0]) == 2
+    assert first.usage.prompt_tokens == len(prompt)
+    assert server.requests[0].sampling_params["max_tokens"] == 8
+    # token ids continuing the first turn stay in its segment; a default max_tokens of 16
+    second = client.completions.create(model="m", prompt=[*prompt, *first_ids, 50])
+    assert second.choices[0].logprobs is None
+    assert server.requests[1].sampling_params["max_tokens"] == 16
+    turns = http.get(
+        f"/sessions/{opened['session_id']}/trajectory",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ).json()["turns"]
+    assert [t["segment"] for t in turns] == [0, 0]
+    assert turns[1]["reused"] == len(prompt) + len(first_ids)
+    # refused, and the session still answers
+    for bad in ({"n": 2}, {"echo": True}, {"suffix": "x"}, {"prompt": ["a", "b"]}, {"prompt": ""}):
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(**{"model": "m", "prompt": "x", **bad})
+    assert client.completions.create(model="m", prompt=[5, 6]).choices[0].finish_reason == "stop"

@@ -2,9 +2,9 @@
 
 Operations (``open_session``, ``list_sessions``, ``close_session``, ``session_trajectory``)
 come through the operations table; the OpenAI-compatible turns (``chat_completion``,
-``token_generate``, ``models``) are called by the http transport's session routes. Each turn
-plans its prompt ids with the session (token-faithful), samples through the server's
-``generate`` and records what came back. Expired sessions are gone (404).
+``completion``, ``token_generate``, ``models``) are called by the http transport's session
+routes. Each turn plans its prompt ids with the session (token-faithful), samples through the
+server's ``generate`` and records what came back. Expired sessions are gone (404).
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ from arctic_platform.rl.agents.openai_api import (
     check_chat,
     generate_response,
     parse_body,
+)
+from arctic_platform.rl.agents.openai_completions import (
+    CompletionBody,
+    check_completion,
+    completion_prompt_ids,
+    completion_response,
+    completion_sampling_params,
 )
 from arctic_platform.rl.agents.openai_stream import chat_chunks
 from arctic_platform.rl.agents.session import AgentSession
@@ -276,13 +283,12 @@ class AgentOps:
             model=session.state.model,
         )
 
-    def token_generate(self, session_id: str, body: Any) -> dict[str, Any]:
-        """One token-in ``/inference/v1/generate`` turn (vLLM's answer shape)."""
-        session = self._session(session_id)
-        job_id = self._job_id(session_id)
-        request: TokenGenerateBody = parse_body(TokenGenerateBody, body)
-        self._check_staleness(session, job_id)
-        prompt = [int(i) for i in request.token_ids]
+    def _token_turn(
+        self, session: AgentSession, job_id: int, prompt: list[int], params: dict[str, Any]
+    ) -> tuple[SessionTurn, dict[str, Any]]:
+        """Sample and record a turn whose prompt the client gave as ids: it continues the
+        segment when it starts with the previous turn's prompt and completion, else it starts
+        a new one marked ``prefix_break``."""
         last = session.state.turns[-1] if session.state.turns else None
         previous = [*last.prompt_ids, *last.completion_ids] if last is not None else []
         extends = last is not None and prompt[: len(previous)] == previous
@@ -293,16 +299,47 @@ class AgentOps:
             reused=len(previous) if extends else 0,
             break_reason=None if last is None or extends else "the token ids edit the history",
         )
+        completion = self._sample(job_id, prompt, params)
+        turn, _ = self._record(session, plan, [], None, completion)
+        self.store.touch(session.state.session_id)
+        return turn, completion
+
+    def token_generate(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One token-in ``/inference/v1/generate`` turn (vLLM's answer shape)."""
+        session = self._session(session_id)
+        job_id = self._job_id(session_id)
+        request: TokenGenerateBody = parse_body(TokenGenerateBody, body)
+        self._check_staleness(session, job_id)
+        prompt = [int(i) for i in request.token_ids]
         room = self._room(session, job_id, len(prompt))
         params = dict(request.sampling_params)
         params.setdefault("n", 1)
         if room is not None:
             params["max_tokens"] = min(int(params.get("max_tokens") or room), room)
-        completion = self._sample(job_id, prompt, params)
-        turn, _ = self._record(session, plan, [], None, completion)
-        self.store.touch(session_id)
+        turn, completion = self._token_turn(session, job_id, prompt, params)
         return generate_response(
             turn, completion, session.tokenizer, session_id=session_id, model=session.state.model
+        )
+
+    def completion(self, session_id: str, body: Any) -> dict[str, Any]:
+        """One legacy ``/completions`` turn: a text prompt (encoded as written) or token ids,
+        recorded like a token-in turn (OpenAI's ``text_completion`` answer)."""
+        session = self._session(session_id)
+        job_id = self._job_id(session_id)
+        request: CompletionBody = parse_body(CompletionBody, body)
+        check_completion(request)
+        self._check_staleness(session, job_id)
+        prompt = completion_prompt_ids(request, session.tokenizer)
+        room = self._room(session, job_id, len(prompt))
+        params = completion_sampling_params(request, room)
+        turn, completion = self._token_turn(session, job_id, prompt, params)
+        return completion_response(
+            request,
+            turn,
+            completion,
+            session.tokenizer,
+            session_id=session_id,
+            model=session.state.model,
         )
 
     def models(self, session_id: str) -> dict[str, Any]:

@@ -1,0 +1,170 @@
+"""OpenAI's legacy ``/completions`` on an agent session (pure: no server): the request body,
+its prompt as token ids (text encoded as written, or ids taken verbatim), its sampling params
+and the ``text_completion`` answer of a recorded turn.
+
+One prompt and ``n=1`` per request, as a session is one trajectory; ``echo``, ``suffix`` and
+``best_of`` > 1 are refused with a 400 rather than ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.models import SessionTurn
+from arctic_platform.rl.errors import BadRequestError
+
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default ``max_tokens`` for ``/completions`` (vLLM follows it)."""
+
+
+class CompletionBody(BaseModel):
+    """The fields of an OpenAI completions request that a session honours (others are
+    accepted and ignored, as vLLM does); ``return_token_ids`` is vLLM's extra."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1)
+    best_of: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    stream: bool | None = None
+    return_token_ids: bool = False
+
+
+def check_completion(body: CompletionBody) -> None:
+    """Refuse (400) what a session does not do: several prompts, ``n``/``best_of`` > 1,
+    ``echo``, ``suffix``, streaming."""
+    if (body.n or 1) > 1 or (body.best_of or 1) > 1:
+        raise BadRequestError("n > 1 and best_of > 1 are not supported on a session; send 1")
+    if body.echo:
+        raise BadRequestError(
+            "echo is not supported on a session (the prompt ids are in the "
+            "answer with return_token_ids)"
+        )
+    if body.suffix is not None:
+        raise BadRequestError("suffix is not supported")
+    if body.stream:
+        raise BadRequestError("stream is not supported on /completions; use /chat/completions")
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise BadRequestError(
+                f"one prompt per request on a session (a session is one trajectory), "
+                f"got {len(prompt)}"
+            )
+
+
+def completion_prompt_ids(body: CompletionBody, tokenizer: ChatTokenizer) -> list[int]:
+    """The prompt as token ids: text encoded as written (no special tokens added), ids
+    verbatim; an empty prompt is a 400."""
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+    if not ids:
+        raise BadRequestError("the prompt is empty")
+    return ids
+
+
+def completion_sampling_params(body: CompletionBody, room: int | None) -> dict[str, Any]:
+    """The vLLM sampling params of a completions request; ``room``: tokens left in the
+    context (``max_tokens`` is cut to it)."""
+    params: dict[str, Any] = {"n": 1}
+    max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
+    params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(body, name)
+        if value is not None:
+            params[name] = value
+    if body.stop is not None:
+        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    if body.logprobs:
+        params["logprobs"] = body.logprobs
+    return params
+
+
+def _legacy_logprobs(
+    tokenizer: ChatTokenizer,
+    turn: SessionTurn,
+    top: list[list[list[float]]] | None,
+) -> dict[str, Any]:
+    """OpenAI's legacy ``logprobs``: tokens, their log-probs, top alternatives, offsets."""
+    tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in turn.completion_ids]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    alternatives = None
+    if top is not None:
+        alternatives = [
+            {tokenizer.decode([int(p[0])], skip_special_tokens=False): float(p[1]) for p in step}
+            for step in top
+        ]
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(turn.completion_log_probs),
+        "top_logprobs": alternatives,
+        "text_offset": offsets,
+    }
+
+
+def completion_response(
+    body: CompletionBody,
+    turn: SessionTurn,
+    completion: Mapping[str, Any],
+    tokenizer: ChatTokenizer,
+    *,
+    session_id: str,
+    model: str,
+) -> dict[str, Any]:
+    """The ``text_completion`` answer of a recorded ``turn``; with ``return_token_ids`` the
+    choice carries ``prompt_token_ids`` and ``token_ids`` (vLLM's names) and the versions."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": str(completion.get("text") or tokenizer.decode(turn.completion_ids)),
+        "logprobs": None,
+        "finish_reason": turn.finish_reason,
+    }
+    if body.logprobs is not None:
+        top = completion.get("top_logprobs") if body.logprobs else None
+        choice["logprobs"] = _legacy_logprobs(tokenizer, turn, top)
+    if body.return_token_ids:
+        choice["prompt_token_ids"] = list(turn.prompt_ids)
+        choice["token_ids"] = list(turn.completion_ids)
+        choice["weight_version_start"] = turn.weight_version_start
+        choice["weight_version_end"] = turn.weight_version_end
+    return {
+        "id": f"cmpl-{session_id}-{turn.index}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(turn.prompt_ids),
+            "completion_tokens": len(turn.completion_ids),
+            "total_tokens": len(turn.prompt_ids) + len(turn.completion_ids),
+        },
+    }
+
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "CompletionBody",
+    "check_completion",
+    "completion_prompt_ids",
+    "completion_response",
+    "completion_sampling_params",
+]
