@@ -15,7 +15,6 @@ import json
 from typing import Any
 
 import pytest
-from support.clients import client_config, local_client
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +27,10 @@ PLAIN_RUNS = 4
 STREAMED_RUNS = 2
 
 
-@pytest.fixture(scope="module")
-def rl(chatml_model_path, tmp_path_factory):
-    """A client of a local http server holding one sampling job of the ChatML model."""
-    from arctic_platform.rl.testing import free_port
-
-    config = client_config(chatml_model_path, port=free_port(), training_gpus=0, log_prob_gpus=0)
-    with local_client(tmp_path_factory.mktemp("agents-sdk-home"), config) as client:
-        yield client
+@pytest.fixture
+def rl(agents_rl: Any) -> Any:
+    """The folder's shared server (``conftest.agents_rl``)."""
+    return agents_rl
 
 
 @pytest.fixture(autouse=True)

@@ -3,9 +3,8 @@
 trajectory it leaves is token-faithful; unknown sessions and malformed messages are OpenAI
 errors after which the session still answers.
 
-One local-backend server with a sampling job (vLLM on CPU) and a training job of the tiny
-ChatML model. The
-random model seldom emits a real tool call, so turn 2's history is built from whatever turn 1
+The folder's shared local-backend server (``conftest.agents_rl``: a sampling job, vLLM on CPU,
+and a training job of the tiny ChatML model). The random model seldom emits a real tool call, so turn 2's history is built from whatever turn 1
 returned: the point is token faithfulness, not the model's skill.
 """
 
@@ -15,7 +14,6 @@ import json
 from typing import Any
 
 import pytest
-from support.clients import client_config, local_client
 
 pytestmark = pytest.mark.slow
 
@@ -38,15 +36,10 @@ LOOKUP = {
 EXTRA = {"return_token_ids": True}
 
 
-@pytest.fixture(scope="module")
-def rl(chatml_model_path, tmp_path_factory):
-    """A client of a local http server holding a training and a sampling job of the ChatML
-    model (the training job for the weight sync between two turns, last in this file)."""
-    from arctic_platform.rl.testing import free_port
-
-    config = client_config(chatml_model_path, port=free_port(), log_prob_gpus=0)
-    with local_client(tmp_path_factory.mktemp("agents-home"), config) as client:
-        yield client
+@pytest.fixture
+def rl(agents_rl: Any) -> Any:
+    """The folder's shared server (``conftest.agents_rl``)."""
+    return agents_rl
 
 
 def _openai(handle: Any) -> Any:
@@ -196,7 +189,7 @@ def _turn(client: Any, handle: Any, messages: list[dict[str, Any]]) -> Any:
 
 
 def test_a_weight_sync_between_two_turns_shows_in_the_trajectory_and_ends_a_strict_session(rl):
-    """Runs last: it moves the module's sampler to weight version 1."""
+    """Moves the shared sampler to a new weight version (versions are compared relative)."""
     handle, strict = rl.open_session(ttl=600), rl.open_session(ttl=600, max_staleness=0)
     client, strict_client = _openai(handle), _openai(strict)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "value of key 4821?"}]

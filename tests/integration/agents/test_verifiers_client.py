@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 from support import verifiers_venv
-from support.clients import client_config, local_client
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +39,10 @@ def verifiers_python() -> str:
         pytest.fail(f"building the verifiers venv failed:\n{exc}", pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def rl(chatml_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A client of a local http server holding one sampling job of the ChatML model."""
-    from arctic_platform.rl.testing import free_port
-
-    config = client_config(chatml_model_path, port=free_port(), training_gpus=0, log_prob_gpus=0)
-    with local_client(tmp_path_factory.mktemp("verifiers-home"), config) as client:
-        yield client
+@pytest.fixture
+def rl(agents_rl: Any) -> Any:
+    """The folder's shared server (``conftest.agents_rl``)."""
+    return agents_rl
 
 
 def _driver_env() -> dict[str, str]:
