@@ -103,12 +103,7 @@ def chat_sampling_params(
     max_tokens = body.max_completion_tokens or body.max_tokens or room
     if max_tokens is not None:
         params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
-    for name in ("temperature", "top_p", "seed"):
-        value = getattr(body, name)
-        if value is not None:
-            params[name] = value
-    if body.stop is not None:
-        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    params.update(plain_sampling_params(body))
     if body.logprobs and body.top_logprobs:
         params["logprobs"] = body.top_logprobs
     forced = forced_tools(body.tool_choice, body.tools)
@@ -118,6 +113,29 @@ def chat_sampling_params(
         start = tokenizer.token_id("<tool_call>")
         if start is not None:
             params["stop_token_ids"] = [start]
+    return params
+
+
+def turn_usage(turn: SessionTurn) -> dict[str, int]:
+    """OpenAI's ``usage`` of one turn: prompt, completion and total token counts."""
+    prompt, completion = len(turn.prompt_ids), len(turn.completion_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def plain_sampling_params(body: Any) -> dict[str, Any]:
+    """``temperature``, ``top_p``, ``seed`` (when set) and ``stop`` (as a list) of a chat or
+    completions request, as vLLM sampling params."""
+    params: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(body, name)
+        if value is not None:
+            params[name] = value
+    if body.stop is not None:
+        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
     return params
 
 
@@ -190,11 +208,7 @@ def chat_response(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(turn.prompt_ids),
-            "completion_tokens": len(turn.completion_ids),
-            "total_tokens": len(turn.prompt_ids) + len(turn.completion_ids),
-        },
+        "usage": turn_usage(turn),
     }
     if body.return_token_ids:
         answer["prompt_token_ids"] = list(turn.prompt_ids)
@@ -239,11 +253,7 @@ def generate_response(
                 "weight_version_end": turn.weight_version_end,
             }
         ],
-        "usage": {
-            "prompt_tokens": len(turn.prompt_ids),
-            "completion_tokens": len(turn.completion_ids),
-            "total_tokens": len(turn.prompt_ids) + len(turn.completion_ids),
-        },
+        "usage": turn_usage(turn),
     }
 
 
@@ -257,4 +267,6 @@ __all__ = [
     "generate_response",
     "logprob_content",
     "parse_body",
+    "plain_sampling_params",
+    "turn_usage",
 ]

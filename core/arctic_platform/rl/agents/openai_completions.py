@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
+from arctic_platform.rl.agents.openai_api import plain_sampling_params, turn_usage
 from arctic_platform.rl.errors import BadRequestError
 
 DEFAULT_MAX_TOKENS = 16
@@ -85,12 +86,7 @@ def completion_sampling_params(body: CompletionBody, room: int | None) -> dict[s
     params: dict[str, Any] = {"n": 1}
     max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
     params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
-    for name in ("temperature", "top_p", "seed"):
-        value = getattr(body, name)
-        if value is not None:
-            params[name] = value
-    if body.stop is not None:
-        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    params.update(plain_sampling_params(body))
     if body.logprobs:
         params["logprobs"] = body.logprobs
     return params
@@ -152,11 +148,7 @@ def completion_response(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(turn.prompt_ids),
-            "completion_tokens": len(turn.completion_ids),
-            "total_tokens": len(turn.prompt_ids) + len(turn.completion_ids),
-        },
+        "usage": turn_usage(turn),
     }
 
 

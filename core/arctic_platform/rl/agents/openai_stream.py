@@ -17,7 +17,11 @@ from typing import Any
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
-from arctic_platform.rl.agents.openai_api import ChatCompletionBody, logprob_content
+from arctic_platform.rl.agents.openai_api import (
+    ChatCompletionBody,
+    logprob_content,
+    turn_usage,
+)
 from arctic_platform.rl.agents.tool_calls import ParsedCompletion
 
 DONE = "data: [DONE]\n\n"
@@ -109,12 +113,7 @@ def chat_chunks(
         last["weight_version_end"] = turn.weight_version_end
     options = body.stream_options or {}
     if options.get("include_usage"):
-        usage = {
-            "prompt_tokens": len(turn.prompt_ids),
-            "completion_tokens": len(ids),
-            "total_tokens": len(turn.prompt_ids) + len(ids),
-        }
-        chunks.append({**head, "choices": [], "usage": usage})
+        chunks.append({**head, "choices": [], "usage": turn_usage(turn)})
     return chunks
 
 
