@@ -4,8 +4,9 @@ trajectory it leaves is token-faithful; unknown sessions and malformed messages 
 errors after which the session still answers.
 
 The folder's shared local-backend server (``conftest.agents_rl``: a sampling job, vLLM on CPU,
-and a training job of the tiny ChatML model). The random model seldom emits a real tool call, so turn 2's history is built from whatever turn 1
-returned: the point is token faithfulness, not the model's skill.
+and a training job of the tiny ChatML model). The random model seldom emits a real tool call,
+so turn 2's history is built from whatever turn 1 returned: the point is token faithfulness,
+not the model's skill.
 """
 
 from __future__ import annotations
@@ -173,8 +174,19 @@ def test_completions_with_text_then_ids_are_one_token_faithful_segment(rl):
     assert [t["completion_ids"] for t in turns] == [ids, second.choices[0].model_extra["token_ids"]]
     assert turns[0]["completion_log_probs"] == choice.logprobs.token_logprobs
     assert [t["segment"] for t in turns] == [0, 0] and not turns[1]["prefix_break"]
-    with pytest.raises(openai.BadRequestError, match="n > 1"):
-        client.completions.create(model=handle.model, prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        client.completions.create(model=handle.model, prompt="x", best_of=2)
+    # n choices of one request: sibling turns, one row each when none is continued
+    several = client.chat.completions.create(
+        model=handle.model, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=4,
+        temperature=1.0, seed=7, extra_body=EXTRA,
+    )  # fmt: skip
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    turns = rl.session_trajectory(handle.session_id)["turns"][-3:]
+    assert [t["completion_ids"] for t in turns] == [
+        c.model_extra["token_ids"] for c in several.choices
+    ]
+    assert len({tuple(t["prompt_ids"]) for t in turns}) == 1
 
 
 def _turn(client: Any, handle: Any, messages: list[dict[str, Any]]) -> Any:

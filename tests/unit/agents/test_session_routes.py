@@ -49,17 +49,21 @@ class FakeServer:
 
     def generate(self, request: Any) -> dict[str, Any]:
         self.requests.append(request)
-        ids = self.replies.pop(0) if self.replies else [3]
         version = self.jobs.job.weight_version
-        completion = {
-            "token_ids": ids,
-            "logprobs": [-0.5] * len(ids),
-            "finish_reason": "stop",
-            "weight_version_start": version,
-            "weight_version_end": version,
-            "top_logprobs": [[[i, -0.5], [0, -2.0]] for i in ids],
-        }
-        return {"outputs": [{"completions": [completion]}], "weight_version": version}
+        completions = []
+        for _ in range(int(request.sampling_params.get("n") or 1)):
+            ids = self.replies.pop(0) if self.replies else [3]
+            completions.append(
+                {
+                    "token_ids": ids,
+                    "logprobs": [-0.5] * len(ids),
+                    "finish_reason": "stop",
+                    "weight_version_start": version,
+                    "weight_version_end": version,
+                    "top_logprobs": [[[i, -0.5], [0, -2.0]] for i in ids],
+                }
+            )
+        return {"outputs": [{"completions": completions}], "weight_version": version}
 
     def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
         request = BY_NAME[name].request.model_validate(payload or {})
@@ -157,7 +161,7 @@ def test_errors_are_openai_bodies_and_the_session_keeps_answering(chat_tok, tok_
             model="m", messages=[{"role": "user", "content": "1 " * 1100}]
         )
     with pytest.raises(openai.BadRequestError, match="n > 1"):
-        client.chat.completions.create(model="m", messages=user, n=2)
+        client.chat.completions.create(model="m", messages=user, n=2, stream=True)
     with pytest.raises(openai.AuthenticationError):
         _client(http, opened["base_url_path"], "wrong").chat.completions.create(
             model="m", messages=user
@@ -324,7 +328,44 @@ def test_completions_take_text_or_ids_and_record_turns_that_extend(chat_tok, tok
     assert [t["segment"] for t in turns] == [0, 0]
     assert turns[1]["reused"] == len(prompt) + len(first_ids)
     # refused, and the session still answers
-    for bad in ({"n": 2}, {"echo": True}, {"suffix": "x"}, {"prompt": ["a", "b"]}, {"prompt": ""}):
+    bad_fields = ({"best_of": 2}, {"echo": True}, {"suffix": "x"}, {"prompt": ["a", "b"]})
+    for bad in (*bad_fields, {"prompt": ""}):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(**{"model": "m", "prompt": "x", **bad})
     assert client.completions.create(model="m", prompt=[5, 6]).choices[0].finish_reason == "stop"
+
+
+def test_n_choices_are_sibling_turns_and_the_client_may_continue_any(chat_tok, tok_dir):
+    eos = chat_tok.eos_id
+    a, b, c = ([*chat_tok.encode(text), eos] for text in ("red", "green", "blue"))
+    server = FakeServer(tok_dir, [a, b, c, [*chat_tok.encode("ok"), eos]])
+    http = _app(server, TOKEN)
+    opened = _open(http)
+    client = _client(http, opened["base_url_path"], opened["key"])
+    user = [{"role": "user", "content": "a colour?"}]
+    first = client.chat.completions.create(
+        model="m", messages=user, n=3, extra_body={"return_token_ids": True}
+    )
+    assert [ch.index for ch in first.choices] == [0, 1, 2]
+    assert [ch.message.content for ch in first.choices] == ["red", "green", "blue"]
+    assert [ch.model_extra["token_ids"] for ch in first.choices] == [a, b, c]
+    assert first.usage.completion_tokens == len(a) + len(b) + len(c)
+    assert server.requests[0].sampling_params["n"] == 3
+    # the client goes on with choice 1: turn 2 extends exactly that choice's ids
+    history = [*user, {"role": "assistant", "content": "green"}, {"role": "user", "content": "?"}]
+    client.chat.completions.create(model="m", messages=history)
+    trajectory = http.get(
+        f"/sessions/{opened['session_id']}/trajectory",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ).json()
+    turns = trajectory["turns"]
+    assert [t["segment"] for t in turns] == [0, 0, 0, 0] and not turns[3]["prefix_break"]
+    prompt = first.model_extra["prompt_token_ids"]
+    assert turns[3]["prompt_ids"][: len(prompt) + len(b)] == prompt + b
+    # rows: the unchosen choices are rows of their own; the chosen one is inside turn 2's row
+    rows = trajectory["rows"]
+    assert [r["turns"] for r in rows] == [[0], [2], [1, 3]]
+    assert rows[0]["input_ids"] == prompt + a and rows[1]["input_ids"] == prompt + c
+    chosen = rows[2]
+    assert sum(chosen["loss_mask"]) == len(b) + len(turns[3]["completion_ids"])
+    assert chosen["loss_mask"][len(prompt) : len(prompt) + len(b)] == [1.0] * len(b)

@@ -41,6 +41,30 @@ class AssistantMessage(BaseModel):
         return out
 
 
+class SampledChoice(BaseModel):
+    """One completion the engine sampled for a turn's prompt: its ids and their log-probs, why
+    it stopped and the weight versions it saw (before it is parsed and recorded)."""
+
+    completion_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str = "stop"
+    weight_version_start: int | None = None
+    weight_version_end: int | None = None
+    weight_version_spans: list[list[int]] | None = None
+
+    @classmethod
+    def from_engine(cls, completion: dict[str, Any]) -> SampledChoice:
+        """A sampling engine's completion record (``token_ids``, ``logprobs``, ...)."""
+        return cls(
+            completion_ids=[int(i) for i in completion["token_ids"]],
+            log_probs=[float(v) for v in completion["logprobs"]],
+            finish_reason=str(completion.get("finish_reason") or "stop"),
+            weight_version_start=completion.get("weight_version_start"),
+            weight_version_end=completion.get("weight_version_end"),
+            weight_version_spans=completion.get("weight_version_spans"),
+        )
+
+
 class SessionTurn(BaseModel):
     """One sampled turn: its exact prompt ids, the sampled ids and their log-probs, the
     message it answered, the weight versions it saw and the segment it belongs to.
@@ -133,3 +157,6 @@ class SessionState(BaseModel):
     turns: list[SessionTurn] = Field(default_factory=list)
     last_messages: list[dict[str, Any]] | None = None
     last_tools: list[dict[str, Any]] | None = None
+    last_choices: list[int] = Field(default_factory=list)
+    """Indices of the turns the last request recorded (its ``n`` choices, in choice order);
+    the next request may continue any of them."""

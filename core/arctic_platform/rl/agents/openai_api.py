@@ -86,10 +86,11 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
 
 
 def check_chat(body: ChatCompletionBody) -> None:
-    """Refuse (400) what this server does not do: ``n`` > 1, a ``tool_choice`` naming no tool."""
+    """Refuse (400) what this server does not do: ``n`` > 1 streamed, a ``tool_choice``
+    naming no tool."""
     check_messages(body.messages)
-    if body.n is not None and body.n > 1:
-        raise BadRequestError("n > 1 is not supported on a session yet; send n=1")
+    if (body.n or 1) > 1 and body.stream:
+        raise BadRequestError("n > 1 is not streamed on a session; send stream=false")
     forced_tools(body.tool_choice, body.tools)
 
 
@@ -99,7 +100,7 @@ def chat_sampling_params(
     """The vLLM sampling params of a chat request; ``room``: tokens left in the context
     (the default ``max_tokens``). ``tool_choice="none"`` stops at a ``<tool_call>`` token;
     ``"required"`` or a named tool constrains decoding to one call (``tool_choice``)."""
-    params: dict[str, Any] = {"n": 1}
+    params: dict[str, Any] = {"n": body.n or 1}
     max_tokens = body.max_completion_tokens or body.max_tokens or room
     if max_tokens is not None:
         params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
@@ -116,9 +117,11 @@ def chat_sampling_params(
     return params
 
 
-def turn_usage(turn: SessionTurn) -> dict[str, int]:
-    """OpenAI's ``usage`` of one turn: prompt, completion and total token counts."""
-    prompt, completion = len(turn.prompt_ids), len(turn.completion_ids)
+def turn_usage(*turns: SessionTurn) -> dict[str, int]:
+    """OpenAI's ``usage`` of the choices of one request (sibling turns of one prompt): prompt,
+    completion and total token counts."""
+    prompt = len(turns[0].prompt_ids)
+    completion = sum(len(turn.completion_ids) for turn in turns)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -176,89 +179,108 @@ def logprob_content(
     return out
 
 
+Choice = tuple[SessionTurn, Mapping[str, Any]]
+"""One recorded choice of a request: its turn and the engine's completion record."""
+
+
 def chat_response(
     body: ChatCompletionBody,
-    turn: SessionTurn,
-    completion: Mapping[str, Any],
+    choices: Sequence[Choice],
     tokenizer: ChatTokenizer,
     *,
     session_id: str,
     model: str,
 ) -> dict[str, Any]:
-    """The ``chat.completion`` answer of a recorded ``turn``; token ids and weight versions
-    only with ``return_token_ids``, log-probs only with ``logprobs``."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": turn.message.to_openai(),
-        "finish_reason": turn.finish_reason,
-        "logprobs": None,
+    """The ``chat.completion`` answer of a request's recorded choices (``n`` of them); token
+    ids and weight versions only with ``return_token_ids``, log-probs only with ``logprobs``."""
+    first = choices[0][0]
+    answer: dict[str, Any] = {
+        "id": f"chatcmpl-{session_id}-{first.index}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": turn_usage(*(turn for turn, _ in choices)),
     }
-    if body.logprobs:
+    for number, (turn, completion) in enumerate(choices):
+        choice: dict[str, Any] = {
+            "index": number,
+            "message": turn.message.to_openai(),
+            "finish_reason": turn.finish_reason,
+            "logprobs": None,
+        }
+        if body.logprobs:
+            content = logprob_content(
+                tokenizer,
+                turn.completion_ids,
+                turn.completion_log_probs,
+                completion.get("top_logprobs") if body.top_logprobs else None,
+                as_ids=body.return_tokens_as_token_ids,
+            )
+            choice["logprobs"] = {"content": content}
+        if body.return_token_ids:
+            choice.update(_token_fields(turn))
+        answer["choices"].append(choice)
+    if body.return_token_ids:
+        answer["prompt_token_ids"] = list(first.prompt_ids)
+    return answer
+
+
+def _token_fields(turn: SessionTurn) -> dict[str, Any]:
+    """A choice's ``token_ids`` and weight versions (``return_token_ids``)."""
+    fields: dict[str, Any] = {
+        "token_ids": list(turn.completion_ids),
+        "weight_version_start": turn.weight_version_start,
+        "weight_version_end": turn.weight_version_end,
+    }
+    if turn.weight_version_spans:
+        fields["weight_version_spans"] = turn.weight_version_spans
+    return fields
+
+
+def generate_response(
+    choices: Sequence[Choice],
+    tokenizer: ChatTokenizer,
+    *,
+    session_id: str,
+    model: str,
+) -> dict[str, Any]:
+    """vLLM's token-in generate answer: per choice ``token_ids``, ``logprobs.content``
+    (``token`` is ``"token_id:N"``, and ``token_id``) and ``finish_reason``."""
+    first = choices[0][0]
+    out = []
+    for number, (turn, completion) in enumerate(choices):
         content = logprob_content(
             tokenizer,
             turn.completion_ids,
             turn.completion_log_probs,
-            completion.get("top_logprobs") if body.top_logprobs else None,
-            as_ids=body.return_tokens_as_token_ids,
+            completion.get("top_logprobs"),
+            as_ids=True,
         )
-        choice["logprobs"] = {"content": content}
-    answer: dict[str, Any] = {
-        "id": f"chatcmpl-{session_id}-{turn.index}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": turn_usage(turn),
-    }
-    if body.return_token_ids:
-        answer["prompt_token_ids"] = list(turn.prompt_ids)
-        choice["token_ids"] = list(turn.completion_ids)
-        choice["weight_version_start"] = turn.weight_version_start
-        choice["weight_version_end"] = turn.weight_version_end
-        if turn.weight_version_spans:
-            choice["weight_version_spans"] = turn.weight_version_spans
-    return answer
-
-
-def generate_response(
-    turn: SessionTurn,
-    completion: Mapping[str, Any],
-    tokenizer: ChatTokenizer,
-    *,
-    session_id: str,
-    model: str,
-) -> dict[str, Any]:
-    """vLLM's token-in generate answer: ``choices[0]`` with ``token_ids``, ``logprobs.content``
-    (``token`` is ``"token_id:N"``, and ``token_id``) and ``finish_reason``."""
-    content = logprob_content(
-        tokenizer,
-        turn.completion_ids,
-        turn.completion_log_probs,
-        completion.get("top_logprobs"),
-        as_ids=True,
-    )
-    return {
-        "id": f"gen-{session_id}-{turn.index}",
-        "request_id": f"gen-{session_id}-{turn.index}",
-        "object": "generate",
-        "model": model,
-        "prompt_token_ids": list(turn.prompt_ids),
-        "choices": [
+        out.append(
             {
-                "index": 0,
+                "index": number,
                 "token_ids": list(turn.completion_ids),
                 "logprobs": {"content": content},
                 "finish_reason": str(completion.get("finish_reason") or turn.finish_reason),
                 "weight_version_start": turn.weight_version_start,
                 "weight_version_end": turn.weight_version_end,
             }
-        ],
-        "usage": turn_usage(turn),
+        )
+    return {
+        "id": f"gen-{session_id}-{first.index}",
+        "request_id": f"gen-{session_id}-{first.index}",
+        "object": "generate",
+        "model": model,
+        "prompt_token_ids": list(first.prompt_ids),
+        "choices": out,
+        "usage": turn_usage(*(turn for turn, _ in choices)),
     }
 
 
 __all__ = [
     "ChatCompletionBody",
+    "Choice",
     "TokenGenerateBody",
     "chat_response",
     "chat_sampling_params",

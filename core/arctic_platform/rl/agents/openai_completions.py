@@ -2,21 +2,21 @@
 its prompt as token ids (text encoded as written, or ids taken verbatim), its sampling params
 and the ``text_completion`` answer of a recorded turn.
 
-One prompt and ``n=1`` per request, as a session is one trajectory; ``echo``, ``suffix`` and
-``best_of`` > 1 are refused with a 400 rather than ignored.
+One prompt per request, as a session is one trajectory (``n`` choices are sibling turns);
+``echo``, ``suffix`` and ``best_of`` > 1 are refused with a 400 rather than ignored.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
-from arctic_platform.rl.agents.openai_api import plain_sampling_params, turn_usage
+from arctic_platform.rl.agents.openai_api import Choice, plain_sampling_params, turn_usage
 from arctic_platform.rl.errors import BadRequestError
 
 DEFAULT_MAX_TOKENS = 16
@@ -46,10 +46,10 @@ class CompletionBody(BaseModel):
 
 
 def check_completion(body: CompletionBody) -> None:
-    """Refuse (400) what a session does not do: several prompts, ``n``/``best_of`` > 1,
-    ``echo``, ``suffix``, streaming."""
-    if (body.n or 1) > 1 or (body.best_of or 1) > 1:
-        raise BadRequestError("n > 1 and best_of > 1 are not supported on a session; send 1")
+    """Refuse (400) what a session does not do: several prompts, ``best_of`` > 1, ``echo``,
+    ``suffix``, streaming."""
+    if (body.best_of or 1) > 1:
+        raise BadRequestError("best_of > 1 is not supported on a session; send n instead")
     if body.echo:
         raise BadRequestError(
             "echo is not supported on a session (the prompt ids are in the "
@@ -83,7 +83,7 @@ def completion_prompt_ids(body: CompletionBody, tokenizer: ChatTokenizer) -> lis
 def completion_sampling_params(body: CompletionBody, room: int | None) -> dict[str, Any]:
     """The vLLM sampling params of a completions request; ``room``: tokens left in the
     context (``max_tokens`` is cut to it)."""
-    params: dict[str, Any] = {"n": 1}
+    params: dict[str, Any] = {"n": body.n or 1}
     max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
     params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
     params.update(plain_sampling_params(body))
@@ -119,36 +119,39 @@ def _legacy_logprobs(
 
 def completion_response(
     body: CompletionBody,
-    turn: SessionTurn,
-    completion: Mapping[str, Any],
+    choices: Sequence[Choice],
     tokenizer: ChatTokenizer,
     *,
     session_id: str,
     model: str,
 ) -> dict[str, Any]:
-    """The ``text_completion`` answer of a recorded ``turn``; with ``return_token_ids`` the
-    choice carries ``prompt_token_ids`` and ``token_ids`` (vLLM's names) and the versions."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "text": str(completion.get("text") or tokenizer.decode(turn.completion_ids)),
-        "logprobs": None,
-        "finish_reason": turn.finish_reason,
-    }
-    if body.logprobs is not None:
-        top = completion.get("top_logprobs") if body.logprobs else None
-        choice["logprobs"] = _legacy_logprobs(tokenizer, turn, top)
-    if body.return_token_ids:
-        choice["prompt_token_ids"] = list(turn.prompt_ids)
-        choice["token_ids"] = list(turn.completion_ids)
-        choice["weight_version_start"] = turn.weight_version_start
-        choice["weight_version_end"] = turn.weight_version_end
+    """The ``text_completion`` answer of a request's recorded choices; with
+    ``return_token_ids`` each choice carries ``prompt_token_ids`` and ``token_ids`` (vLLM's
+    names) and the weight versions."""
+    out = []
+    for number, (turn, completion) in enumerate(choices):
+        choice: dict[str, Any] = {
+            "index": number,
+            "text": str(completion.get("text") or tokenizer.decode(turn.completion_ids)),
+            "logprobs": None,
+            "finish_reason": turn.finish_reason,
+        }
+        if body.logprobs is not None:
+            top = completion.get("top_logprobs") if body.logprobs else None
+            choice["logprobs"] = _legacy_logprobs(tokenizer, turn, top)
+        if body.return_token_ids:
+            choice["prompt_token_ids"] = list(turn.prompt_ids)
+            choice["token_ids"] = list(turn.completion_ids)
+            choice["weight_version_start"] = turn.weight_version_start
+            choice["weight_version_end"] = turn.weight_version_end
+        out.append(choice)
     return {
-        "id": f"cmpl-{session_id}-{turn.index}",
+        "id": f"cmpl-{session_id}-{choices[0][0].index}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
-        "usage": turn_usage(turn),
+        "choices": out,
+        "usage": turn_usage(*(turn for turn, _ in choices)),
     }
 
 

@@ -9,7 +9,12 @@ from typing import Any
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.history import as_dict
-from arctic_platform.rl.agents.models import SessionState, SessionTurn, Trajectory
+from arctic_platform.rl.agents.models import (
+    SampledChoice,
+    SessionState,
+    SessionTurn,
+    Trajectory,
+)
 from arctic_platform.rl.agents.tool_calls import ParsedCompletion, parse_completion
 from arctic_platform.rl.agents.trajectory import build_trajectory
 from arctic_platform.rl.agents.turns import PromptPlan, plan_prompt
@@ -47,36 +52,59 @@ class AgentSession:
         """Parse ``completion_ids`` (tool calls from the ids) and record the turn sampled for
         ``plan``; this request's messages and tools become the history the next one must
         re-send. Returns the turn and the parsed completion (the message to answer with)."""
+        sampled = SampledChoice(
+            completion_ids=list(completion_ids),
+            log_probs=[float(v) for v in log_probs],
+            finish_reason=finish_reason,
+            weight_version_start=weight_version_start,
+            weight_version_end=weight_version_end,
+            weight_version_spans=[list(x) for x in weight_version_spans]
+            if weight_version_spans
+            else None,
+        )
+        return self.record_choices(plan, messages, tools, [sampled])[0]
+
+    def record_choices(
+        self,
+        plan: PromptPlan,
+        messages: Sequence[Any],
+        tools: Sequence[Mapping[str, Any]] | None,
+        choices: Sequence[SampledChoice],
+    ) -> list[tuple[SessionTurn, ParsedCompletion]]:
+        """Record the ``n`` choices sampled for one ``plan`` as sibling turns (same prompt,
+        same segment); the next request may continue any of them."""
         with self._lock:
-            index = len(self.state.turns)
-            parsed = parse_completion(
-                completion_ids,
-                self.tokenizer,
-                session_id=self.state.session_id,
-                turn=index,
-                finish_reason=finish_reason,
-            )
-            turn = SessionTurn(
-                index=index,
-                segment=plan.segment,
-                prefix_break=plan.prefix_break,
-                prompt_ids=list(plan.prompt_ids),
-                completion_ids=list(completion_ids),
-                completion_log_probs=[float(v) for v in log_probs],
-                message=parsed.message,
-                finish_reason=parsed.finish_reason,
-                weight_version_start=weight_version_start,
-                weight_version_end=weight_version_end,
-                weight_version_spans=(
-                    [list(s) for s in weight_version_spans] if weight_version_spans else None
-                ),
-                reused=plan.reused,
-                appended_eos=plan.appended_eos,
-            )
-            self.state.turns.append(turn)
+            out = []
+            for choice in choices:
+                index = len(self.state.turns)
+                parsed = parse_completion(
+                    choice.completion_ids,
+                    self.tokenizer,
+                    session_id=self.state.session_id,
+                    turn=index,
+                    finish_reason=choice.finish_reason,
+                )
+                turn = SessionTurn(
+                    index=index,
+                    segment=plan.segment,
+                    prefix_break=plan.prefix_break,
+                    prompt_ids=list(plan.prompt_ids),
+                    completion_ids=list(choice.completion_ids),
+                    completion_log_probs=list(choice.log_probs),
+                    message=parsed.message,
+                    finish_reason=parsed.finish_reason,
+                    weight_version_start=choice.weight_version_start,
+                    weight_version_end=choice.weight_version_end,
+                    weight_version_spans=choice.weight_version_spans,
+                    reused=plan.reused,
+                    appended_eos=plan.appended_eos,
+                )
+                self.state.turns.append(turn)
+                out.append((turn, parsed))
             self.state.last_messages = [as_dict(m) for m in messages]
             self.state.last_tools = [dict(t) for t in tools] if tools else None
-            return turn, parsed
+            self.state.last_choices = [turn.index for turn, _ in out]
+            return out
 
     def trajectory(self) -> Trajectory:
         """The session's turns and merged rows."""

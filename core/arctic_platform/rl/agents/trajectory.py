@@ -2,7 +2,8 @@
 
 Rule. Within a segment every turn's prompt starts with the previous turn's prompt and
 completion, so the segment's last turn holds the whole episode: one row is its prompt ids +
-completion ids. The loss mask is 1 exactly at each turn's completion positions
+completion ids (the ``n`` choices of one request are sibling leaves: one row each). The loss
+mask is 1 exactly at each turn's completion positions
 (``len(prompt_ids)`` on) and 0 on prompts, bridges, tool results and any eos the session
 added; ``old_log_probs`` holds each sampled id's log-prob at its position, 0.0 elsewhere. A
 turn that (against the rule) does not extend the row before it starts a new row.
@@ -19,17 +20,22 @@ def _extends(row: list[int], turn: SessionTurn) -> bool:
     return len(turn.prompt_ids) >= len(row) and turn.prompt_ids[: len(row)] == row
 
 
+def _ids(turn: SessionTurn) -> list[int]:
+    return [*turn.prompt_ids, *turn.completion_ids]
+
+
 def merge_rows(turns: Sequence[SessionTurn]) -> list[TrajectoryRow]:
-    """One row per run of turns that extend each other within a segment."""
+    """One row per turn that no later turn of its segment extends (a leaf), holding every
+    earlier turn of the segment whose ids it extends: a chain of turns is one row; the
+    ``n`` choices of one request are sibling leaves, one row each, sharing their prefix."""
     groups: list[list[SessionTurn]] = []
-    for turn in turns:
-        if groups:
-            last = groups[-1][-1]
-            row = [*last.prompt_ids, *last.completion_ids]
-            if turn.segment == last.segment and _extends(row, turn):
-                groups[-1].append(turn)
-                continue
-        groups.append([turn])
+    for i, turn in enumerate(turns):
+        row = _ids(turn)
+        later = turns[i + 1 :]
+        if any(t.segment == turn.segment and _extends(row, t) for t in later):
+            continue
+        chain = [t for t in turns[:i] if t.segment == turn.segment and _extends(_ids(t), turn)]
+        groups.append([*chain, turn])
     return [_row(group) for group in groups]
 
 

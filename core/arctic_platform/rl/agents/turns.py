@@ -11,6 +11,9 @@ Length stop. A previous completion that does not end with the eos id (stopped by
 a stop string or another stop token) gets one eos id appended before the bridge, as the
 template closes every assistant turn with it; that id is not sampled (loss mask 0).
 
+After a request with ``n`` choices the client may continue any one of them: the one whose
+assistant message it sent back is the previous turn.
+
 Otherwise (first turn, edited history, other tools, or a template whose rendering cannot be
 cut) the prompt is the full tokenization of the rendered conversation; after the first turn
 that starts a new segment with ``prefix_break=True``. It is never an error.
@@ -98,8 +101,12 @@ def plan_prompt(
     history = state.last_messages or []
     if not same_tools(state.last_tools, tool_list):
         return full("the tools differ from the previous request's")
-    returned = last.message.to_openai()
-    reason = history_mismatch(history, returned, sent)
+    choices = [state.turns[i] for i in state.last_choices] or [last]
+    reason = history_mismatch(history, choices[0].message.to_openai(), sent)
+    for choice in choices:  # the choice (of n) whose message the client sent back
+        if history_mismatch(history, choice.message.to_openai(), sent) is None:
+            last, reason = choice, None
+            break
     if reason is not None:
         return full(reason)
     text = bridge_text(tokenizer, sent[: len(history) + 1], sent, tool_list)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from arctic_platform.rl import wire
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
-from arctic_platform.rl.agents.models import SessionTurn
+from arctic_platform.rl.agents.models import SampledChoice, SessionTurn
 from arctic_platform.rl.agents.openai_api import (
     ChatCompletionBody,
     TokenGenerateBody,
@@ -213,11 +213,14 @@ class AgentOps:
                 f"of {limit}"
             )
 
-    def _sample(self, job_id: int, prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
+    def _sample(
+        self, job_id: int, prompt: list[int], params: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The engine's completion records for ``prompt`` (``params["n"]`` of them)."""
         answer = self._generate(
             wire.GenerateRequest(job_id=job_id, prompts=[prompt], sampling_params=params)
         )
-        return dict(answer["outputs"][0]["completions"][0])
+        return [dict(c) for c in answer["outputs"][0]["completions"]]
 
     def _record(
         self,
@@ -225,22 +228,18 @@ class AgentOps:
         plan: PromptPlan,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        completion: dict[str, Any],
-    ) -> tuple[SessionTurn, ParsedCompletion]:
-        return session.record(
-            plan,
-            messages,
-            tools,
-            [int(i) for i in completion["token_ids"]],
-            [float(v) for v in completion["logprobs"]],
-            finish_reason=str(completion.get("finish_reason") or "stop"),
-            weight_version_start=completion.get("weight_version_start"),
-            weight_version_end=completion.get("weight_version_end"),
-            weight_version_spans=completion.get("weight_version_spans"),
-        )
+        completions: list[dict[str, Any]],
+    ) -> list[tuple[SessionTurn, ParsedCompletion, dict[str, Any]]]:
+        """Record the request's choices as sibling turns: (turn, parsed, completion) each."""
+        sampled = [SampledChoice.from_engine(c) for c in completions]
+        recorded = session.record_choices(plan, messages, tools, sampled)
+        self.store.touch(session.state.session_id)
+        return [(t, p, c) for (t, p), c in zip(recorded, completions, strict=True)]
 
-    def _chat_turn(self, session_id: str, body: Any) -> tuple[Any, ...]:
-        """Sample and record one chat turn: (request, session, turn, parsed, completion)."""
+    def _chat_turn(
+        self, session_id: str, body: Any
+    ) -> tuple[ChatCompletionBody, AgentSession, list[tuple[Any, ...]]]:
+        """Sample and record one chat request: (request, session, its choices)."""
         session = self._session(session_id)
         job_id = self._job_id(session_id)
         request: ChatCompletionBody = parse_body(ChatCompletionBody, body)
@@ -252,18 +251,17 @@ class AgentOps:
             raise BadRequestError(f"the messages cannot be rendered: {exc}") from None
         room = self._room(session, job_id, len(plan.prompt_ids))
         params = chat_sampling_params(request, session.tokenizer, room)
-        completion = self._sample(job_id, plan.prompt_ids, params)
-        turn, parsed = self._record(session, plan, request.messages, request.tools, completion)
-        self.store.touch(session_id)
-        return request, session, turn, parsed, completion
+        completions = self._sample(job_id, plan.prompt_ids, params)
+        choices = self._record(session, plan, request.messages, request.tools, completions)
+        return request, session, choices
 
     def chat_completion(self, session_id: str, body: Any) -> dict[str, Any]:
-        """One ``/chat/completions`` turn of a session (OpenAI's answer shape)."""
-        request, session, turn, _, completion = self._chat_turn(session_id, body)
+        """One ``/chat/completions`` request of a session (OpenAI's answer shape; ``n``
+        choices recorded as sibling turns)."""
+        request, session, choices = self._chat_turn(session_id, body)
         return chat_response(
             request,
-            turn,
-            completion,
+            [(turn, completion) for turn, _, completion in choices],
             session.tokenizer,
             session_id=session_id,
             model=session.state.model,
@@ -271,8 +269,9 @@ class AgentOps:
 
     def chat_completion_chunks(self, session_id: str, body: Any) -> list[dict[str, Any]]:
         """One streamed ``/chat/completions`` turn: sampled and recorded whole, then given as
-        its ``chat.completion.chunk``s (``openai_stream``)."""
-        request, session, turn, parsed, completion = self._chat_turn(session_id, body)
+        its ``chat.completion.chunk``s (``openai_stream``; ``n`` is 1)."""
+        request, session, choices = self._chat_turn(session_id, body)
+        ((turn, parsed, completion),) = choices
         return chat_chunks(
             request,
             turn,
@@ -285,27 +284,32 @@ class AgentOps:
 
     def _token_turn(
         self, session: AgentSession, job_id: int, prompt: list[int], params: dict[str, Any]
-    ) -> tuple[SessionTurn, dict[str, Any]]:
-        """Sample and record a turn whose prompt the client gave as ids: it continues the
-        segment when it starts with the previous turn's prompt and completion, else it starts
-        a new one marked ``prefix_break``."""
-        last = session.state.turns[-1] if session.state.turns else None
-        previous = [*last.prompt_ids, *last.completion_ids] if last is not None else []
-        extends = last is not None and prompt[: len(previous)] == previous
+    ) -> list[tuple[SessionTurn, dict[str, Any]]]:
+        """Sample and record a request whose prompt the client gave as ids: it continues the
+        segment when it starts with the prompt and completion of a choice of the previous
+        request, else it starts a new one marked ``prefix_break``."""
+        turns = session.state.turns
+        last = turns[-1] if turns else None
+        candidates = [turns[i] for i in session.state.last_choices] or ([last] if last else [])
+        previous: list[int] = []
+        for turn in candidates:
+            ids = [*turn.prompt_ids, *turn.completion_ids]
+            if prompt[: len(ids)] == ids:
+                previous = ids
+                break
+        extends = bool(previous)
         plan = PromptPlan(
             prompt_ids=prompt,
             segment=0 if last is None else last.segment + (0 if extends else 1),
             prefix_break=last is not None and not extends,
-            reused=len(previous) if extends else 0,
+            reused=len(previous),
             break_reason=None if last is None or extends else "the token ids edit the history",
         )
-        completion = self._sample(job_id, prompt, params)
-        turn, _ = self._record(session, plan, [], None, completion)
-        self.store.touch(session.state.session_id)
-        return turn, completion
+        completions = self._sample(job_id, prompt, params)
+        return [(t, c) for t, _, c in self._record(session, plan, [], None, completions)]
 
     def token_generate(self, session_id: str, body: Any) -> dict[str, Any]:
-        """One token-in ``/inference/v1/generate`` turn (vLLM's answer shape)."""
+        """One token-in ``/inference/v1/generate`` request (vLLM's answer shape)."""
         session = self._session(session_id)
         job_id = self._job_id(session_id)
         request: TokenGenerateBody = parse_body(TokenGenerateBody, body)
@@ -316,14 +320,14 @@ class AgentOps:
         params.setdefault("n", 1)
         if room is not None:
             params["max_tokens"] = min(int(params.get("max_tokens") or room), room)
-        turn, completion = self._token_turn(session, job_id, prompt, params)
+        choices = self._token_turn(session, job_id, prompt, params)
         return generate_response(
-            turn, completion, session.tokenizer, session_id=session_id, model=session.state.model
+            choices, session.tokenizer, session_id=session_id, model=session.state.model
         )
 
     def completion(self, session_id: str, body: Any) -> dict[str, Any]:
-        """One legacy ``/completions`` turn: a text prompt (encoded as written) or token ids,
-        recorded like a token-in turn (OpenAI's ``text_completion`` answer)."""
+        """One legacy ``/completions`` request: a text prompt (encoded as written) or token
+        ids, recorded like a token-in request (OpenAI's ``text_completion`` answer)."""
         session = self._session(session_id)
         job_id = self._job_id(session_id)
         request: CompletionBody = parse_body(CompletionBody, body)
@@ -332,11 +336,10 @@ class AgentOps:
         prompt = completion_prompt_ids(request, session.tokenizer)
         room = self._room(session, job_id, len(prompt))
         params = completion_sampling_params(request, room)
-        turn, completion = self._token_turn(session, job_id, prompt, params)
+        choices = self._token_turn(session, job_id, prompt, params)
         return completion_response(
             request,
-            turn,
-            completion,
+            choices,
             session.tokenizer,
             session_id=session_id,
             model=session.state.model,
