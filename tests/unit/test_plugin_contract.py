@@ -432,6 +432,7 @@ def test_every_transport_server_takes_the_arguments_its_protocol_promises():
         "sync_timeout": 1.0,
         "resume": False,
         "settings": {},
+        "token": None,
     }
     specs = [r for r in get_registry().rows() if r["kind"] == "transport"]
     assert {r["name"] for r in specs} >= {"http", "ray", "tinker"}

@@ -5,7 +5,8 @@ the hook marker and spec types, the interfaces and protocols, the config models,
 the wire models and operations table, the frame codec and batch checks, a few helpers, and
 ``http_common`` (the JSON, error and client plumbing the HTTP apps and clients share), and
 the web kit (``serve_http``, the token rule, ``TokenGuard``/``GuardLayer``/``BodyLimit``,
-``install_openapi``) that every HTTP front-end serves with.
+``install_openapi``) that every HTTP front-end serves with, and the agent sessions'
+OpenAI-compatible routes (``add_session_routes``, ``SessionHTTPServer``).
 Core's own modules stay where they are; the rest of core is private to plugins
 (``tests/unit/test_plugin_contract.py`` fails when a plugin imports anything else of it).
 
@@ -104,6 +105,12 @@ from arctic_platform.rl.web.serve import (
     server_socket,
     stop_on_signals,
 )
+from arctic_platform.rl.web.session_routes import (
+    SESSION_HEADER,
+    SessionHTTPServer,
+    add_session_routes,
+    openai_error,
+)
 from arctic_platform.rl.weight_sync.strategy import check_strategy
 from arctic_platform.rl.wire import (
     BY_NAME,
@@ -158,6 +165,7 @@ __all__ = [
     "LORA_RANKS",
     "OPERATIONS",
     "PER_TOKEN_FIELDS",
+    "SESSION_HEADER",
     "ArcticRLClientConfig",
     "ArcticRLError",
     "AuthError",
@@ -216,6 +224,7 @@ __all__ = [
     "ServeError",
     "ServerError",
     "ServerTransport",
+    "SessionHTTPServer",
     "SleepRequest",
     "StepRequest",
     "SyncWeightsRequest",
@@ -229,6 +238,7 @@ __all__ = [
     "WeightSyncConfig",
     "WorkerDiedError",
     "__version__",
+    "add_session_routes",
     "aggregate",
     "arctic_home",
     "bearer_token",
@@ -247,6 +257,7 @@ __all__ = [
     "is_loopback_address",
     "listening_socket",
     "not_implemented_yet",
+    "openai_error",
     "prepare_ray",
     "read_or_create_token",
     "serve_http",

@@ -195,7 +195,9 @@ class HostingServerTransport(Protocol):
     """A ``TransportSpec.server_factory`` with ``network_address=False``.
 
     Creates and hosts the ``RLServer`` itself (e.g. in a Ray actor) for ``run_dir`` with the
-    server's keyword options (``num_gpus``, ``op_timeout``, ``resume``, ...), until shutdown.
+    server's keyword options (``num_gpus``, ``op_timeout``, ``resume``, ``settings`` with the
+    serve command's host and port, and ``token`` for what it serves over HTTP, such as the
+    agent session routes), until shutdown.
     """
 
     def __call__(self, run_dir: Path, **options: Any) -> None: ...

@@ -24,12 +24,12 @@ from arctic_platform.rl.api import (
     RLServer,
     TokenGuard,
     __version__,
+    add_session_routes,
     decode_frame,
     encode_frame,
     http_common,
     install_openapi,
 )
-from arctic_rl_http.openai_routes import add_openai_routes
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def build_app(
             openapi_extra=_openapi_extra(op),
             include_in_schema=True,
         )
-    add_openai_routes(app, server, token, max_request_bytes)
+    add_session_routes(app, server, token, max_request_bytes)
     install_openapi(app, _add_schemas)
 
     async def http_error(_: Request, exc: Exception) -> Response:

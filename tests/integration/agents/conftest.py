@@ -1,5 +1,10 @@
 """Fixtures of the agent-session integration tests: the tiny ChatML (tool-calling) model and
-one local server that every module of this folder drives (started once: ~28 s each before)."""
+one local server that every module of this folder drives (started once: ~28 s each before).
+
+The server speaks the **ray** transport to its client, so every OpenAI client here reaches
+the session routes that the server actor serves over HTTP beside it (issue 26: served over
+HTTP whichever transport the client uses). The http transport's copy of the routes is driven
+by ``tests/unit/agents/test_session_routes.py`` and the lookup demo's e2e test."""
 
 from __future__ import annotations
 
@@ -22,12 +27,10 @@ def chatml_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def agents_rl(chatml_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A client of a local http server holding a training and a sampling job of the ChatML
-    model (the training job for weight syncs between turns); shut down after the last test
-    that uses it. Tests that sync weights compare versions relative to what they find."""
-    from arctic_platform.rl.testing import free_port
-
-    config = client_config(chatml_model_path, port=free_port(), log_prob_gpus=0)
+    """A ray-transport client of a local server holding a training and a sampling job of the
+    ChatML model (the training job for weight syncs between turns); shut down after the last
+    test that uses it. Tests that sync weights compare versions relative to what they find."""
+    config = client_config(chatml_model_path, comm_protocol="ray", host=None, log_prob_gpus=0)
     running = local_client(tmp_path_factory.mktemp("agents-home"), config)
     client = running.__enter__()
     release = until_last_use("agents_rl", lambda: running.__exit__(None, None, None))

@@ -227,3 +227,30 @@ def test_a_weight_sync_between_two_turns_shows_in_the_trajectory_and_ends_a_stri
     with pytest.raises(openai.BadRequestError, match="max_staleness"):
         _turn(strict_client, strict, messages)
     assert _turn(client, handle, [{"role": "user", "content": "still here?"}]).choices
+
+
+def test_over_the_ray_transport_the_routes_are_http_beside_the_server_actor(rl):
+    """The client speaks ray (no HTTP address of its own); the session's base URL is where the
+    server actor serves the routes, with the header and API-key carriers too."""
+    import httpx
+
+    assert rl.config.comm_protocol == "ray" and not hasattr(rl.transport, "base_url")
+    handle = rl.open_session()
+    assert handle.base_url is not None and handle.base_url.startswith("http://127.0.0.1:")
+    root = handle.base_url.removesuffix(handle.base_url_path)
+    assert httpx.get(root + "/health", trust_env=False).json() == {"ok": True}
+    user = [{"role": "user", "content": "hello"}]
+    by_key = openai.OpenAI(base_url=root + "/v1", api_key=handle.api_key, max_retries=0)
+    first = by_key.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    by_header = openai.OpenAI(
+        base_url=root + "/v1",
+        api_key="unused",
+        default_headers={"X-Session-ID": handle.session_id},
+        max_retries=0,
+    )
+    with pytest.raises(openai.AuthenticationError):  # the server has a token: a wrong key fails
+        by_header.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert len(rl.session_trajectory(handle.session_id)["turns"]) == 1
+    assert handle.session_id in {s["session_id"] for s in rl.list_sessions()}
+    rl.close_session(handle.session_id)

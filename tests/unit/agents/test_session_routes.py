@@ -369,3 +369,41 @@ def test_n_choices_are_sibling_turns_and_the_client_may_continue_any(chat_tok, t
     chosen = rows[2]
     assert sum(chosen["loss_mask"]) == len(b) + len(turns[3]["completion_ids"])
     assert chosen["loss_mask"][len(prompt) : len(prompt) + len(b)] == [1.0] * len(b)
+
+
+def test_session_http_server_serves_the_routes_beside_a_transport_that_is_not_http(
+    chat_tok, tok_dir
+):
+    """What the ray transport's actor runs: the session routes alone, on a free loopback port
+    in a thread, with the token rule; ``open_session`` then answers its ``http_root``."""
+    from arctic_platform.rl.api import ServeError, SessionHTTPServer
+
+    with pytest.raises(ServeError, match="token"):
+        SessionHTTPServer(FakeServer(tok_dir, []), "0.0.0.0", None).start()
+    server = FakeServer(tok_dir, [[*chat_tok.encode("Hello there."), chat_tok.eos_id]])
+    sessions = SessionHTTPServer(server, "127.0.0.1", TOKEN, stop=server.shutdown_requested)
+    root = sessions.start()
+    try:
+        assert root.startswith("http://127.0.0.1:") and not root.endswith(":0")
+        server.agents.http_root = sessions.root
+        opened = server.handle("open_session", {"job_id": 1, "ttl": 60})
+        assert opened["http_root"] == root
+        client = openai.OpenAI(
+            base_url=root + opened["base_url_path"], api_key=opened["key"], max_retries=0
+        )
+        answer = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content == "Hello there."
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(
+                base_url=root + opened["base_url_path"], api_key="wrong", max_retries=0
+            ).models.list()
+        with pytest.raises(openai.NotFoundError):
+            openai.OpenAI(base_url=root + "/s/nope/v1", api_key=TOKEN, max_retries=0).models.list()
+        import httpx
+
+        assert httpx.get(root + "/health").json() == {"ok": True}
+    finally:
+        sessions.close()
+    assert sessions._thread is not None and not sessions._thread.is_alive()

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 class SessionHandle(BaseModel):
     """An open agent session: give ``base_url`` and ``api_key`` to any OpenAI client.
 
-    ``base_url`` is None when the client's transport is not http (``base_url_path`` is then
-    the path to join to the server's http address)."""
+    Over http ``base_url`` is the client's server address + ``base_url_path``; over a transport
+    that is not HTTP (ray) it is where the server serves the session routes beside it."""
 
     session_id: str
     api_key: str
@@ -43,7 +43,7 @@ class SessionMethods:
         if ttl is not None:
             payload["ttl"] = ttl
         answer = dict(self.transport.call("open_session", payload))
-        root = getattr(self.transport, "base_url", None)
+        root = getattr(self.transport, "base_url", None) or answer.get("http_root")
         path = str(answer["base_url_path"])
         return SessionHandle(
             session_id=answer["session_id"],

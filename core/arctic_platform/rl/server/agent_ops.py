@@ -2,9 +2,10 @@
 
 Operations (``open_session``, ``list_sessions``, ``close_session``, ``session_trajectory``)
 come through the operations table; the OpenAI-compatible turns (``chat_completion``,
-``completion``, ``token_generate``, ``models``) are called by the http transport's session
-routes. Each turn plans its prompt ids with the session (token-faithful), samples through the
-server's ``generate`` and records what came back. Expired sessions are gone (404).
+``completion``, ``token_generate``, ``models``) are called by the session routes (the http
+transport's app, or ``SessionHTTPServer`` beside a transport that is not HTTP). Each turn
+plans its prompt ids with the session (token-faithful), samples through the server's
+``generate`` and records what came back. Expired sessions are gone (404).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class AgentOps:
         self._job_of: dict[str, int] = {}
         self._by_key: dict[str, str] = {}
         self._context: dict[int, int | None] = {}
+        self.http_root: str | None = None
+        """Where the session routes are served when the transport is not HTTP (set by it)."""
 
     def _tokenizer(self, model: str) -> ChatTokenizer:
         # one load at a time: sessions opened together on a fresh server imported
@@ -114,7 +117,8 @@ class AgentOps:
     # --- operations ------------------------------------------------------------------------
 
     def open_session(self, request: wire.OpenSessionRequest) -> dict[str, Any]:
-        """A new session on a sampling job: ``session_id``, ``key`` and ``base_url_path``."""
+        """A new session on a sampling job: ``session_id``, ``key``, ``base_url_path`` and
+        ``http_root`` (None when the transport itself is HTTP: the client knows its address)."""
         job = self.jobs.get(request.job_id)
         if job.job_type != "sampling":
             raise InvalidRequestError(f"job {job.job_id} is a {job.job_type} job, not sampling")
@@ -130,6 +134,7 @@ class AgentOps:
             "model": model,
             "base_url_path": SESSION_PATH.format(sid=opened.session_id),
             "expires_at": state.expires_at,
+            "http_root": self.http_root,
         }
 
     def list_sessions(self, request: wire.ListSessionsRequest) -> dict[str, Any]:

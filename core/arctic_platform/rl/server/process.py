@@ -158,7 +158,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if not spec.network_address:  # the transport hosts RLServer itself
             on_signals(_exit_on_signal, signal.SIGTERM)
             with pid_file(run_dir):
-                serve(run_dir, **options)
+                serve(run_dir, token=token, **options)
             return 0
         server = RLServer(run_dir, **options)
 

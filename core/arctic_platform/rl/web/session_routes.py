@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes of agent sessions, mounted by the http app.
+"""OpenAI-compatible routes of agent sessions, mounted by the http transport's app and, for a
+transport that is not HTTP (``ray``), served on their own by ``SessionHTTPServer``.
 
 Under ``/s/{sid}/v1``: ``POST /chat/completions`` (SSE with ``"stream": true``: the turn is
 sampled whole, then streamed), ``POST /completions`` (a text or token-id prompt) and
@@ -10,27 +11,25 @@ Auth: with a server token (required off loopback) a request carries either that 
 session's key as its bearer; without one, any request to an open session passes. Errors are
 OpenAI's ``{"error": {"message", "type", "code"}}``: 404 for an unknown or expired session,
 400 for a malformed body or a prompt over the context (a 422 is answered as 400).
+fastapi and starlette are imported by the functions that need them.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from starlette.concurrency import run_in_threadpool
-from starlette.responses import Response, StreamingResponse
+from arctic_platform.rl.agents.openai_stream import sse_events
+from arctic_platform.rl.errors import AuthError, BadRequestError, NotFoundError
+from arctic_platform.rl.web import common as http_common
 
-from arctic_platform.rl.api import (
-    AuthError,
-    BadRequestError,
-    NotFoundError,
-    RLServer,
-    http_common,
-    sse_events,
-)
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class SessionRoute:
 
     def __init__(
         self,
-        server: RLServer,
+        server: Any,
         token: str | None,
         call: Callable[[Any, str, Any], dict[str, Any]],
         max_request_bytes: int,
@@ -101,6 +100,9 @@ class SessionRoute:
         return str(sid)
 
     async def __call__(self, request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import StreamingResponse
+
         try:
             agents = getattr(self.server, "agents", None)
             if agents is None:
@@ -151,8 +153,8 @@ STREAMS: dict[str, Callable[[Any, str, Any], list[dict[str, Any]]]] = {
 """Routes that answer ``"stream": true`` with server-sent events (the chunks, then [DONE])."""
 
 
-def add_openai_routes(
-    app: FastAPI, server: RLServer, token: str | None, max_request_bytes: int
+def add_session_routes(
+    app: FastAPI, server: Any, token: str | None, max_request_bytes: int
 ) -> None:
     """Mount the session routes, under ``/s/{sid}`` and (session from header or key) bare."""
     for method, path, name, call in ROUTES:
@@ -161,13 +163,93 @@ def add_openai_routes(
             server, token, call, max_request_bytes, has_body=method == "POST", stream=stream
         )
         for prefix in ("/s/{sid}", ""):
-            app.add_api_route(
+            # a bound method: starlette hands it the Request (no signature inspection)
+            app.add_route(
                 prefix + path,
-                route,
+                route.__call__,
                 methods=[method],
                 name=f"session_{name}" + ("_by_header" if not prefix else ""),
                 include_in_schema=False,
             )
 
 
-__all__ = ["SESSION_HEADER", "add_openai_routes", "openai_error"]
+def session_app(server: Any, token: str | None, max_request_bytes: int) -> FastAPI:
+    """An app with only the session routes of ``server`` (and an open ``GET /health``)."""
+    from fastapi import FastAPI
+
+    app = FastAPI(title="Arctic RL agent sessions", openapi_url=None, docs_url=None)
+    add_session_routes(app, server, token, max_request_bytes)
+
+    async def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
+    return app
+
+
+class SessionHTTPServer:
+    """The session routes of an ``RLServer`` served over HTTP in a thread of its process, for a
+    transport that is not HTTP itself: agent frameworks speak HTTP whatever the client uses.
+
+    ``start`` binds ``host:port`` (port 0: a free one; the token rule applies) and serves until
+    ``stop`` is set; ``root`` is then the address to put before a session's ``base_url_path``.
+    """
+
+    def __init__(
+        self,
+        server: Any,
+        host: str,
+        token: str | None,
+        *,
+        port: int = 0,
+        max_request_bytes: int = 16 * 1024 * 1024,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self.token = token
+        self.max_request_bytes = max_request_bytes
+        self.stop = stop if stop is not None else threading.Event()
+        self.root: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        """Bind, start serving in a daemon thread and return ``root`` (``http://host:port``)."""
+        from arctic_platform.rl.web.serve import check_serve_token, serve_http, server_socket
+
+        check_serve_token(self.host, self.token)
+        sock = server_socket(self.host, self.port)
+        port = int(sock.getsockname()[1])
+        app = session_app(self.server, self.token, self.max_request_bytes)
+        self._thread = threading.Thread(
+            target=serve_http,
+            args=(app, self.host, port),
+            kwargs={
+                "sock": sock,
+                "stop": self.stop,
+                "log_level": "warning",
+                "name": "session http server",
+            },
+            name="session-http",
+            daemon=True,
+        )
+        self._thread.start()
+        self.root = http_common.base_url(self.host, port)
+        logger.info("agent sessions served over http at %s", self.root)
+        return self.root
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and wait (up to ``timeout`` s) for the thread to end."""
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+__all__ = [
+    "SESSION_HEADER",
+    "SessionHTTPServer",
+    "add_session_routes",
+    "openai_error",
+    "session_app",
+]
