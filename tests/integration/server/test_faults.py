@@ -11,7 +11,8 @@ a sampling job S. The tests run in file order and share these jobs:
    while ``/health`` and ``/status`` answer;
 4. a SIGKILLed sampling worker fails its job; ``restart_job`` brings it back;
 5. the server is SIGKILLed after a checkpoint; ``serve --resume RUN_DIR`` brings the jobs back
-   with the same ids and K continues from the saved step exactly as R did;
+   with the same ids and K continues from the saved step exactly as R did, and an agent
+   session on S comes back with its turn, key and history (the next turn extends it);
 6. a SIGKILLed training worker fails K; ``restart_job`` brings it back at its checkpoint.
 """
 
@@ -27,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fault_loop import DETERMINISTIC, LOSS
@@ -50,6 +52,18 @@ LOOP = Path(__file__).with_name("fault_loop.py")  # the killed client's program
 STEPS = 8  # the client-kill loop runs steps 1..STEPS-1 (step 0 is the retry test)
 PROMPTS = ["12 + 30 =", "the sum of digits"]
 GREEDY = {"n": 1, "max_tokens": 6, "temperature": 0.0}
+
+
+def _session_generate(session: Any, prompt: list[int]) -> list[int]:
+    """One token-in turn of an agent session (its key as the API key): the sampled ids."""
+    import httpx
+
+    url = session.base_url.removesuffix("/v1") + "/inference/v1/generate"
+    body = {"model": session.model, "token_ids": prompt, "sampling_params": GREEDY}
+    headers = {"Authorization": f"Bearer {session.api_key}"}
+    answer = httpx.post(url, json=body, headers=headers, timeout=120, trust_env=False)
+    assert answer.status_code == 200, answer.text
+    return list(answer.json()["choices"][0]["token_ids"])
 
 
 @dataclass
@@ -281,6 +295,11 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
     assert stat.S_IMODE(table_file.stat().st_mode) == 0o600
     assert server.token not in table_file.read_text()
 
+    # an agent session on S with one token-in turn: it must outlive the crash
+    session = s.open_session(ttl=600)
+    first = _session_generate(session, [1, 20, 21, 22])
+    turn1 = s.session_trajectory(session.session_id)["turns"]
+
     server.remember_processes()
     assert server.proc is not None
     server.proc.send_signal(signal.SIGKILL)
@@ -314,6 +333,13 @@ def test_a_server_killed_after_a_checkpoint_resumes_the_jobs_and_training_contin
         assert k2.step(request_id=f"st-{i}")["global_step"] == i + 1
     assert got == expected
     assert s2.generate(PROMPTS, GREEDY)["outputs"]
+    # the session came back: same turn and key; the next turn extends it without a break
+    assert session.session_id in {x["session_id"] for x in s2.list_sessions()}
+    assert s2.session_trajectory(session.session_id)["turns"] == turn1
+    second = _session_generate(session, [1, 20, 21, 22, *first, 23])
+    turns = s2.session_trajectory(session.session_id)["turns"]
+    assert [t["completion_ids"] for t in turns] == [first, second]
+    assert turns[1]["prefix_break"] is False and turns[1]["segment"] == 0
     table = json.loads(table_file.read_text())
     assert table["next_job_id"] > max(j["job_id"] for j in table["jobs"])
 

@@ -1,5 +1,5 @@
 """``SessionStore``: agent sessions in memory, each with a secret key and an expiry time
-(routes, persistence and reconnects come later)."""
+(``SessionJournal`` keeps them on disk for ``serve --resume``; ``restore`` takes them back)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,26 @@ class SessionStore:
             self._sessions[session_id] = AgentSession(state, tokenizer)
             self._keys[session_id] = key
         return OpenedSession(session_id=session_id, key=key)
+
+    def restore(self, state: SessionState, key: str) -> AgentSession:
+        """Take back a session an earlier server had (its turns, key and settings); its
+        expiry starts again from now (the time the server was down does not count)."""
+        tokenizer = self._tokenizer_for(state.model)
+        ttl = self._default_ttl if state.ttl is None else state.ttl
+        state = state.model_copy(update={"expires_at": self._clock() + ttl})
+        session = AgentSession(state, tokenizer)
+        with self._lock:
+            self._sessions[state.session_id] = session
+            self._keys[state.session_id] = key
+        return session
+
+    def key_of(self, session_id: str) -> str:
+        """The key of the open session ``session_id`` (for its journal)."""
+        with self._lock:
+            key = self._keys.get(session_id)
+        if key is None:
+            raise NotFoundError(f"no agent session {session_id!r}")
+        return key
 
     def get(self, session_id: str, key: str | None = None) -> AgentSession:
         """The session ``session_id`` (checked against ``key`` when one is given)."""

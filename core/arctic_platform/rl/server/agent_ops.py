@@ -11,6 +11,7 @@ plans its prompt ids with the session (token-faithful), samples through the serv
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 from arctic_platform.rl import wire
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.journal import SessionJournal
 from arctic_platform.rl.agents.models import SampledChoice, SessionTurn
 from arctic_platform.rl.agents.openai_api import (
     ChatCompletionBody,
@@ -42,6 +44,8 @@ from arctic_platform.rl.agents.tool_calls import ParsedCompletion
 from arctic_platform.rl.agents.turns import PromptPlan
 from arctic_platform.rl.errors import BadRequestError, InvalidRequestError, NotFoundError
 from arctic_platform.rl.server.job_state import Job
+
+logger = logging.getLogger(__name__)
 
 SESSION_PATH = "/s/{sid}/v1"
 CPU_CONTEXT_CAP = 4096
@@ -72,10 +76,16 @@ def _model_context(model_dir: str, job_config: dict[str, Any]) -> int | None:
 
 
 class AgentOps:
-    """Sessions on the server's sampling jobs; ``generate`` is ``RLServer.generate``."""
+    """Sessions on the server's sampling jobs; ``generate`` is ``RLServer.generate``.
 
-    def __init__(self, jobs: JobLookup, generate: Generate) -> None:
+    With a ``journal`` every session is also kept on disk, and ``load_previous`` brings
+    an earlier server's sessions back (``serve --resume``)."""
+
+    def __init__(
+        self, jobs: JobLookup, generate: Generate, journal: SessionJournal | None = None
+    ) -> None:
         self.jobs = jobs
+        self.journal = journal
         self._generate = generate
         self._tokenizers: dict[str, ChatTokenizer] = {}
         self._lock = threading.Lock()
@@ -108,7 +118,37 @@ class AgentOps:
             self._forget(gone)
         return self.store.get(session_id)
 
+    def load_previous(self, resume: bool) -> int:
+        """With ``resume``, take back the journaled sessions whose sampling job is still
+        there and not ended (turns, key, settings; expiry counted from now); without it,
+        forget them. Returns how many came back."""
+        if self.journal is None:
+            return 0
+        if not resume:
+            self.journal.clear()
+            return 0
+        back = 0
+        for saved in self.journal.load():
+            sid = saved.state.session_id
+            try:
+                job = self.jobs.get(saved.job_id)
+                if job.state.terminal:
+                    raise NotFoundError(f"its sampling job {saved.job_id} has ended")
+                self.store.restore(saved.state, saved.key)
+            except Exception as exc:
+                logger.warning("agent session %s is not brought back: %s", sid, exc)
+                self.journal.closed(sid)
+                continue
+            self._job_of[sid] = saved.job_id
+            self._by_key[saved.key] = sid
+            back += 1
+        if back:
+            logger.info("brought back %d agent session(s) of the earlier server", back)
+        return back
+
     def _forget(self, session_id: str) -> None:
+        if self.journal is not None:
+            self.journal.closed(session_id)
         self._job_of.pop(session_id, None)
         for key, sid in list(self._by_key.items()):
             if sid == session_id:
@@ -127,6 +167,8 @@ class AgentOps:
         self._job_of[opened.session_id] = job.job_id
         self._by_key[opened.key] = opened.session_id
         state = self.store.get(opened.session_id).state
+        if self.journal is not None:
+            self.journal.opened(state, opened.key, job.job_id)
         return {
             "session_id": opened.session_id,
             "key": opened.key,
@@ -239,6 +281,8 @@ class AgentOps:
         sampled = [SampledChoice.from_engine(c) for c in completions]
         recorded = session.record_choices(plan, messages, tools, sampled)
         self.store.touch(session.state.session_id)
+        if self.journal is not None:
+            self.journal.recorded(session.state, [turn for turn, _ in recorded])
         return [(t, p, c) for (t, p), c in zip(recorded, completions, strict=True)]
 
     def _chat_turn(

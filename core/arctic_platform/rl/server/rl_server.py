@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from arctic_platform.rl import __version__, wire
+from arctic_platform.rl.agents.journal import SessionJournal
 from arctic_platform.rl.batch import Batch, BatchLimits
 from arctic_platform.rl.errors import (
     ArcticRLError,
@@ -43,6 +44,9 @@ from arctic_platform.rl.wire import describe_errors
 from arctic_platform.rl.wire.operations import BY_NAME
 
 logger = logging.getLogger(__name__)
+
+SESSIONS_DIR = "sessions"
+"""The run dir's folder of agent sessions on disk (``SessionJournal``)."""
 
 
 def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
@@ -99,7 +103,9 @@ class RLServer(CheckpointOps):
         self.started_at = time.time()
         self.monitor_interval = monitor_interval
         self.weight_sync = WeightSyncOps(self.jobs, sync_timeout, sync_bucket_bytes)
-        self.agents = AgentOps(self.jobs, self.generate)
+        self.agents = AgentOps(
+            self.jobs, self.generate, SessionJournal(self.run_dir / SESSIONS_DIR)
+        )
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         # per training job, the workers its request ids were last checked against
@@ -118,6 +124,7 @@ class RLServer(CheckpointOps):
 
         Jobs of an earlier server in this run dir keep their ids: with ``resume`` they start
         again from their latest checkpoints, without it they are marked failed (restartable).
+        Agent sessions on those jobs come back with ``resume`` and are forgotten without it.
         """
         from arctic_platform.rl.server.ray_cluster import start_or_attach
 
@@ -128,6 +135,7 @@ class RLServer(CheckpointOps):
             address=self.ray_address,
         )
         self.jobs.load_previous(resume=self.resume)
+        self.agents.load_previous(resume=self.resume)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="job-monitor")
         self._monitor.start()
         return self
