@@ -331,6 +331,27 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def file_sizes(path: Path) -> dict[str, int]:
+    """``{path relative to ``path``: bytes}`` of the files under ``path`` (empty if missing)."""
+    out: dict[str, int] = {}
+    for folder, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(folder, name)
+            try:
+                out[os.path.relpath(full, path)] = os.lstat(full).st_size
+            except OSError:
+                continue  # removed while we walked
+    return out
+
+
+def file_growth(
+    first: Mapping[str, int], last: Mapping[str, int], top: int = 8
+) -> list[tuple[str, int]]:
+    """The ``top`` files that grew most from ``first`` to ``last`` (new files count whole)."""
+    grown = [(name, size - first.get(name, 0)) for name, size in last.items()]
+    return sorted((g for g in grown if g[1] > 0), key=lambda g: -g[1])[:top]
+
+
 def dir_bytes(path: Path) -> int | None:
     """Bytes of the files under ``path`` (not following links), or None when it is missing."""
     if not path.exists():
@@ -448,6 +469,7 @@ def _sample(
         "total_uss": _total(p.uss for p in procs),
         "run_dir_bytes": dir_bytes(run_dir),
         "ray_tmp_bytes": dir_bytes(ray_tmp),
+        "ray_tmp_files": file_sizes(ray_tmp),
         "client_rss": int(psutil.Process().memory_info().rss),
     }
 
@@ -662,6 +684,15 @@ def describe(report: Mapping[str, Any]) -> str:
             f"  {key}: {entry['first_mb']:.2f} MB at start, {entry['last_mb']:.2f} MB at end "
             f"({entry['kb_per_step']:+.2f} KB/step)"
         )
+    samples = report.get("samples") or []
+    if len(samples) >= 2 and "ray_tmp_files" in samples[-1]:
+        middle, last = samples[len(samples) // 2], samples[-1]
+        grown = file_growth(middle.get("ray_tmp_files") or {}, last["ray_tmp_files"])
+        span = max(last["step"] - middle["step"], 1)
+        lines.append(f"  Ray temp dir, files that grew over steps {middle['step']}-{last['step']}:")
+        for name, size in grown:
+            now = last["ray_tmp_files"][name]
+            lines.append(f"    {name}: {size / KB / span:+.3f} KB/step, {now / MB:.2f} MB now")
     if report.get("mean_step_seconds") is not None:
         lines.append(
             f"  mean step {report['mean_step_seconds']:.3f} s, run {report['seconds']:.0f} s"

@@ -194,3 +194,19 @@ def test_mappings_are_classified_by_their_smaps_name():
     mine = rss_by_mapping(os.getpid())
     assert mine is not None and mine["file"] > 0 and sum(mine.values()) > 0
     assert rss_by_mapping(2**22 + 12345) is None  # no such process
+
+
+def test_file_growth_names_the_files_that_grew_most_and_counts_new_ones_whole(tmp_path):
+    from bench.soak import file_growth, file_sizes
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "raylet.out").write_bytes(b"x" * 100)
+    (tmp_path / "flat.txt").write_bytes(b"y" * 50)
+    first = file_sizes(tmp_path)
+    assert first == {"logs/raylet.out": 100, "flat.txt": 50}
+    (tmp_path / "logs" / "raylet.out").write_bytes(b"x" * 400)
+    (tmp_path / "logs" / "raylet.out.1").write_bytes(b"z" * 900)
+    (tmp_path / "flat.txt").write_bytes(b"y" * 10)  # rotated: shrank
+    grown = file_growth(first, file_sizes(tmp_path))
+    assert grown == [("logs/raylet.out.1", 900), ("logs/raylet.out", 300)]
+    assert file_sizes(tmp_path / "missing") == {}
