@@ -2,6 +2,9 @@
 strict function tool and ``tool_choice="required"`` runs through ``Runner.run`` and
 ``Runner.run_streamed`` against session URLs on the real tiny ChatML model (vLLM on CPU).
 
+An agent with an ``output_type`` gets its final answer as JSON of that type (``response_format``
+constrains the free turn; the forced call wins on turn 1).
+
 Turn 1 is forced to one call by constrained decoding; openai-agents then resets tool_choice, so
 turn 2 is the random model's free text (bounded by ``max_tokens``) and the run ends there. The
 trajectory each run leaves is checked token by token: turn 2's prompt begins with turn 1's
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -21,6 +24,7 @@ pytestmark = pytest.mark.slow
 agents = pytest.importorskip("agents")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
+pydantic = pytest.importorskip("pydantic")
 
 MAX_TOKENS = 400
 PLAIN_RUNS = 4
@@ -183,3 +187,23 @@ def test_runner_run_streamed_yields_tool_call_deltas_and_done(rl):
         assert len(tool_deltas) == 1
         _check_trajectory(rl, handle.session_id)
         rl.close_session(handle.session_id)
+
+
+class Verdict(pydantic.BaseModel):
+    """The structured final answer of the output-type agent."""
+
+    answer: Literal["yes", "no"]
+
+
+def test_an_agent_with_an_output_type_ends_with_json_of_that_type(rl):
+    handle = rl.open_session(ttl=900)
+    tee = Tee()
+    agent = _agent(handle, tee).clone(output_type=Verdict)
+    result = asyncio.run(agents.Runner.run(agent, "is key 4821 stored?", max_turns=3))
+    assert isinstance(result.final_output, Verdict)
+    turns = rl.session_trajectory(handle.session_id)["turns"]
+    assert [t["finish_reason"] for t in turns] == ["tool_calls", "stop"]
+    answers = [json.loads(body) for body in tee.bodies]
+    assert Verdict.model_validate_json(answers[-1]["choices"][0]["message"]["content"])
+    assert turns[1]["prefix_break"] is False
+    rl.close_session(handle.session_id)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
+from arctic_platform.rl.agents.response_format import response_format_constraint, response_schema
 from arctic_platform.rl.agents.tool_choice import forced_tools, tool_call_constraint
 from arctic_platform.rl.errors import BadRequestError
 from arctic_platform.rl.wire.requests import describe_errors
@@ -43,6 +44,7 @@ class ChatCompletionBody(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
 
@@ -87,11 +89,12 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
 
 def check_chat(body: ChatCompletionBody) -> None:
     """Refuse (400) what this server does not do: ``n`` > 1 streamed, a ``tool_choice``
-    naming no tool."""
+    naming no tool, a ``response_format`` it does not know."""
     check_messages(body.messages)
     if (body.n or 1) > 1 and body.stream:
         raise BadRequestError("n > 1 is not streamed on a session; send stream=false")
     forced_tools(body.tool_choice, body.tools)
+    response_schema(body.response_format)
 
 
 def chat_sampling_params(
@@ -99,7 +102,9 @@ def chat_sampling_params(
 ) -> dict[str, Any]:
     """The vLLM sampling params of a chat request; ``room``: tokens left in the context
     (the default ``max_tokens``). ``tool_choice="none"`` stops at a ``<tool_call>`` token;
-    ``"required"`` or a named tool constrains decoding to one call (``tool_choice``)."""
+    ``"required"`` or a named tool constrains decoding to one call (``tool_choice``), a JSON
+    ``response_format`` to JSON of its schema (``response_format``); a forced call wins over
+    the format (as in vLLM: agent frameworks send both, the format is for the final answer)."""
     params: dict[str, Any] = {"n": body.n or 1}
     max_tokens = body.max_completion_tokens or body.max_tokens or room
     if max_tokens is not None:
@@ -108,8 +113,11 @@ def chat_sampling_params(
     if body.logprobs and body.top_logprobs:
         params["logprobs"] = body.top_logprobs
     forced = forced_tools(body.tool_choice, body.tools)
+    shaped = response_format_constraint(body.response_format, tokenizer)
     if forced:
         params["structured_outputs"] = tool_call_constraint(forced, tokenizer)
+    elif shaped:
+        params["structured_outputs"] = shaped
     if body.tool_choice == "none" and body.tools:
         start = tokenizer.token_id("<tool_call>")
         if start is not None:
