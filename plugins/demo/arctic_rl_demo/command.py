@@ -28,7 +28,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--sft-steps",
         type=int,
-        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS}) [4, full-length]",
+        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS}) [24, full-length]",
     )
     add(
         "--sft-short-steps",
