@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
-from arctic_platform.rl.agents.tool_choice import MAX_WHITESPACE
+from arctic_platform.rl.agents.tool_choice import MAX_WHITESPACE, added_token_texts
 from arctic_platform.rl.errors import BadRequestError
 
 TYPES = ("text", "json_object", "json_schema")
@@ -50,13 +50,11 @@ def response_format_constraint(
     schema = response_schema(response_format)
     if schema is None:
         return None
-    added = getattr(tokenizer.raw, "added_tokens_decoder", {}) or {}
-    excludes = sorted({str(t.content) for t in added.values() if str(t.content).strip()})
     body = {
         "type": "json_schema",
         "json_schema": schema,
         "max_whitespace_cnt": MAX_WHITESPACE,
-        "excludes": excludes,
+        "excludes": added_token_texts(tokenizer),
     }
     return {"structural_tag": {"type": "structural_tag", "format": body}}
 

@@ -85,6 +85,13 @@ def call_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
+def added_token_texts(tokenizer: ChatTokenizer) -> list[str]:
+    """The texts of the tokenizer's added tokens (``<|im_end|>``, ``</tool_call>``, ...), which
+    strings inside constrained JSON may not contain: they would end the JSON early."""
+    added = getattr(tokenizer.raw, "added_tokens_decoder", {}) or {}
+    return sorted({str(t.content) for t in added.values() if str(t.content).strip()})
+
+
 def tool_call_constraint(
     functions: Sequence[Mapping[str, Any]], tokenizer: ChatTokenizer
 ) -> dict[str, Any]:
@@ -96,13 +103,11 @@ def tool_call_constraint(
             f"this model's tokenizer has no single {TOOL_CALL_START} / {TOOL_CALL_END} token, "
             "so tool_choice 'required' or a named tool cannot be enforced; use 'auto'"
         )
-    added = getattr(tokenizer.raw, "added_tokens_decoder", {}) or {}
-    excludes = sorted({str(t.content) for t in added.values() if str(t.content).strip()})
     body = {
         "type": "json_schema",
         "json_schema": call_schema(functions),
         "max_whitespace_cnt": MAX_WHITESPACE,
-        "excludes": excludes,
+        "excludes": added_token_texts(tokenizer),
     }
     layout = {"type": "regex", "pattern": r"\n?"}
     tag = {
@@ -121,4 +126,4 @@ def tool_call_constraint(
     return {"structural_tag": tag}
 
 
-__all__ = ["call_schema", "forced_tools", "tool_call_constraint", "tool_names"]
+__all__ = ["added_token_texts", "call_schema", "forced_tools", "tool_call_constraint", "tool_names"]
