@@ -4,10 +4,8 @@ ChatML tokenizer; a chat body turns it into the ``structured_outputs`` sampling 
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
+from support.grammar import accepts, tag_matcher
 
 from arctic_platform.rl.agents.openai_api import (
     ChatCompletionBody,
@@ -44,29 +42,16 @@ def test_formats_name_their_schema_and_unknown_ones_are_400():
             response_schema(bad)
 
 
-def _matcher(chat_tok: Any, constraint: dict[str, Any]) -> Any:
-    xgr = pytest.importorskip("xgrammar")
-    info = xgr.TokenizerInfo.from_huggingface(chat_tok.raw, vocab_size=len(chat_tok.raw))
-    compiled = xgr.GrammarCompiler(info).compile_structural_tag(
-        json.dumps(constraint["structural_tag"])
-    )
-    return xgr.GrammarMatcher(compiled)
-
-
-def _accepts(matcher: Any, ids: list[int]) -> bool:
-    return all(matcher.accept_token(i) for i in ids)
-
-
 def test_the_tag_accepts_only_json_of_the_schema_then_eos(chat_tok):
     constraint = response_format_constraint(AS_SCHEMA, chat_tok)
     assert constraint is not None
-    matcher = _matcher(chat_tok, constraint)
-    assert _accepts(matcher, [*chat_tok.encode('{"answer": "yes"}'), chat_tok.eos_id])
+    matcher = tag_matcher(chat_tok, constraint)
+    assert accepts(matcher, [*chat_tok.encode('{"answer": "yes"}'), chat_tok.eos_id])
     assert matcher.is_terminated()
     for wrong in ('{"answer": "maybe"}', '{"answer": "no", "why": 1}', "yes"):
-        assert not _accepts(_matcher(chat_tok, constraint), chat_tok.encode(wrong))
-    inside = _matcher(chat_tok, constraint)
-    assert _accepts(inside, chat_tok.encode('{"answer": "'))
+        assert not accepts(tag_matcher(chat_tok, constraint), chat_tok.encode(wrong))
+    inside = tag_matcher(chat_tok, constraint)
+    assert accepts(inside, chat_tok.encode('{"answer": "'))
     assert not inside.accept_token(chat_tok.eos_id)
     assert response_format_constraint({"type": "text"}, chat_tok) is None
 

@@ -5,9 +5,9 @@ and the engine's ``structured_outputs`` sampling param."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
+from support.grammar import accepts, tag_matcher
 
 from arctic_platform.rl.agents.tool_choice import call_schema, forced_tools, tool_call_constraint
 from arctic_platform.rl.errors import BadRequestError
@@ -39,39 +39,26 @@ def test_the_call_schema_names_each_tool_once():
     assert [o["properties"]["name"]["const"] for o in two["anyOf"]] == ["a", "b"]
 
 
-def _matcher(chat_tok: Any, constraint: dict[str, Any]) -> Any:
-    xgr = pytest.importorskip("xgrammar")
-    info = xgr.TokenizerInfo.from_huggingface(chat_tok.raw, vocab_size=len(chat_tok.raw))
-    compiled = xgr.GrammarCompiler(info).compile_structural_tag(
-        json.dumps(constraint["structural_tag"])
-    )
-    return xgr.GrammarMatcher(compiled)
-
-
-def _accepts(matcher: Any, ids: list[int]) -> bool:
-    return all(matcher.accept_token(i) for i in ids)
-
-
 def test_the_structural_tag_accepts_exactly_one_call_of_an_allowed_tool(chat_tok, tools):
     constraint = tool_call_constraint(forced_tools("required", tools), chat_tok)
     start, end = chat_tok.token_id("<tool_call>"), chat_tok.token_id("</tool_call>")
     good = chat_tok.encode('{"name": "lookup", "arguments": {"key": "4821"}}')
-    matcher = _matcher(chat_tok, constraint)
-    assert _accepts(matcher, [start, *good, end, chat_tok.eos_id])
+    matcher = tag_matcher(chat_tok, constraint)
+    assert accepts(matcher, [start, *good, end, chat_tok.eos_id])
     assert matcher.is_terminated()
-    text_first = _matcher(chat_tok, constraint)
+    text_first = tag_matcher(chat_tok, constraint)
     assert not text_first.accept_token(chat_tok.encode("hi")[0])  # the call comes first
     for wrong in (
         '{"name": "other", "arguments": {"key": "1"}}',
         '{"name": "lookup", "arguments": {"key": "1", "extra": 2}}',
         '{"name": "lookup", "arguments": {"key": 1}}',
     ):
-        assert not _accepts(_matcher(chat_tok, constraint), [start, *chat_tok.encode(wrong)])
+        assert not accepts(tag_matcher(chat_tok, constraint), [start, *chat_tok.encode(wrong)])
     inside = chat_tok.encode('{"name": "lookup", "arguments": {"key": "')
-    matcher = _matcher(chat_tok, constraint)
-    assert _accepts(matcher, [start, *inside])
+    matcher = tag_matcher(chat_tok, constraint)
+    assert accepts(matcher, [start, *inside])
     assert not matcher.accept_token(chat_tok.eos_id)  # no control token inside a string
-    assert not _matcher(chat_tok, constraint).accept_token(end)
+    assert not tag_matcher(chat_tok, constraint).accept_token(end)
 
 
 def test_a_tokenizer_without_call_tokens_cannot_force_a_call(tools):
