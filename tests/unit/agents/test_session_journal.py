@@ -78,6 +78,14 @@ def _two_turns(ops: Any, chat_tok: Any, tools: list[dict[str, Any]]) -> tuple[di
     return opened, messages
 
 
+def _journaled(chat_tok: Any, tok_dir: str, tools: list[dict[str, Any]], run_dir: Path) -> tuple:
+    """A server's two-turn session (a call, then eos) on disk: its open answer and its file."""
+    eos = chat_tok.eos_id
+    ops = _ops(tok_dir, run_dir, [[*chat_tok.encode(CALL), eos], [eos]])
+    opened, _ = _two_turns(ops, chat_tok, tools)
+    return opened, run_dir / "sessions" / f"{opened['session_id']}.jsonl"
+
+
 def test_a_resumed_server_brings_sessions_back_and_the_next_turn_stays_faithful(
     chat_tok, tok_dir, tools, tmp_path
 ):
@@ -127,9 +135,7 @@ def test_without_resume_sessions_are_forgotten_and_closing_deletes_the_file(
 
 def test_a_torn_last_line_keeps_the_turns_before_it(chat_tok, tok_dir, tools, tmp_path):
     eos = chat_tok.eos_id
-    ops = _ops(tok_dir, tmp_path, [[*chat_tok.encode(CALL), eos], [eos]])
-    opened, _ = _two_turns(ops, chat_tok, tools)
-    path = tmp_path / "sessions" / f"{opened['session_id']}.jsonl"
+    opened, path = _journaled(chat_tok, tok_dir, tools, tmp_path)
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and "open" in json.loads(lines[0])
     path.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # a crash
@@ -143,9 +149,7 @@ def test_a_torn_last_line_keeps_the_turns_before_it(chat_tok, tok_dir, tools, tm
 def test_sessions_of_an_ended_job_or_an_unreadable_file_do_not_come_back(
     chat_tok, tok_dir, tools, tmp_path
 ):
-    eos = chat_tok.eos_id
-    ops = _ops(tok_dir, tmp_path, [[*chat_tok.encode(CALL), eos], [eos]])
-    _two_turns(ops, chat_tok, tools)
+    _journaled(chat_tok, tok_dir, tools, tmp_path)
     (tmp_path / "sessions" / "0badf11e.jsonl").write_text("not json\n")
     jobs = Jobs(tok_dir)
     jobs.job.state = JobState.TERMINATED
@@ -157,10 +161,7 @@ def test_sessions_of_an_ended_job_or_an_unreadable_file_do_not_come_back(
 
 
 def test_expiry_starts_again_when_a_session_comes_back(chat_tok, tok_dir, tools, tmp_path):
-    eos = chat_tok.eos_id
-    ops = _ops(tok_dir, tmp_path, [[*chat_tok.encode(CALL), eos], [eos]])
-    opened, _ = _two_turns(ops, chat_tok, tools)
-    path = tmp_path / "sessions" / f"{opened['session_id']}.jsonl"
+    _, path = _journaled(chat_tok, tok_dir, tools, tmp_path)
     lines = path.read_text().splitlines()
     head = json.loads(lines[0])
     head["open"]["expires_at"] = 1.0  # long past: the server was down meanwhile
