@@ -139,12 +139,15 @@ class AgentOps:
                 logger.warning("agent session %s is not brought back: %s", sid, exc)
                 self.journal.closed(sid)
                 continue
-            self._job_of[sid] = saved.job_id
-            self._by_key[saved.key] = sid
+            self._register(sid, saved.key, saved.job_id)
             back += 1
         if back:
             logger.info("brought back %d agent session(s) of the earlier server", back)
         return back
+
+    def _register(self, session_id: str, key: str, job_id: int) -> None:
+        self._job_of[session_id] = job_id
+        self._by_key[key] = session_id
 
     def _forget(self, session_id: str) -> None:
         if self.journal is not None:
@@ -164,8 +167,7 @@ class AgentOps:
             raise InvalidRequestError(f"job {job.job_id} is a {job.job_type} job, not sampling")
         model = str(job.config.get("model_name") or "")
         opened = self.store.open(model, max_staleness=request.max_staleness, ttl=request.ttl)
-        self._job_of[opened.session_id] = job.job_id
-        self._by_key[opened.key] = opened.session_id
+        self._register(opened.session_id, opened.key, job.job_id)
         state = self.store.get(opened.session_id).state
         if self.journal is not None:
             self.journal.opened(state, opened.key, job.job_id)
