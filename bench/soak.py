@@ -354,16 +354,7 @@ def file_growth(
 
 def dir_bytes(path: Path) -> int | None:
     """Bytes of the files under ``path`` (not following links), or None when it is missing."""
-    if not path.exists():
-        return None
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                continue  # removed while we walked
-    return total
+    return sum(file_sizes(path).values()) if path.exists() else None
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -451,6 +442,7 @@ def _sample(
     import psutil
 
     procs = read_tree(server_pid)
+    ray_files = file_sizes(ray_tmp)  # one walk: the total is their sum
     labels = labeller.label(procs, server_pid, workers)
     entries = {
         labels[p.pid]: {"pid": p.pid, "rss": p.rss, "pss": p.pss, "uss": p.uss} for p in procs
@@ -468,8 +460,8 @@ def _sample(
         "total_pss": _total(p.pss for p in procs),
         "total_uss": _total(p.uss for p in procs),
         "run_dir_bytes": dir_bytes(run_dir),
-        "ray_tmp_bytes": dir_bytes(ray_tmp),
-        "ray_tmp_files": file_sizes(ray_tmp),
+        "ray_tmp_bytes": sum(ray_files.values()) if ray_tmp.exists() else None,
+        "ray_tmp_files": ray_files,
         "client_rss": int(psutil.Process().memory_info().rss),
     }
 
