@@ -116,6 +116,21 @@ def test_targets_and_inputs_of_different_length_are_refused():
         convert.parse_forward_backward(_request([_datum([5, 6, 7], [6, 7])]))
 
 
+@pytest.mark.parametrize(
+    "datum",
+    [
+        pytest.param(lambda: _datum([5, 6, 7], [6, 7]), id="targets of another length"),
+        pytest.param(lambda: _datum([], []), id="a zero-length datum"),
+        pytest.param(lambda: _datum([5, 6], [6, 7], weights=[1.0]), id="weights of another length"),
+    ],
+)
+def test_a_datum_refused_at_parse_time_names_the_requests_model_and_seq_id(datum):
+    """The front-end frees that seq_id in the model's order; without them it cannot."""
+    with pytest.raises(convert.TinkerInputError) as refused:
+        convert.parse_forward_backward(_request([datum()]))
+    assert (refused.value.model_id, refused.value.seq_id) == ("m", 3)
+
+
 def test_a_malformed_body_is_refused():
     with pytest.raises(convert.TinkerInputError, match="ForwardBackwardRequest"):
         convert.parse_forward_backward(b"\xff\x00garbage")

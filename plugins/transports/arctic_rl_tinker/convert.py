@@ -20,9 +20,13 @@ KNOWN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
 
 
 class TinkerInputError(InvalidRequestError):
-    """A Tinker request body that cannot be mapped onto our operations."""
+    """A Tinker request body that cannot be mapped onto our operations; ``model_id`` and
+    ``seq_id`` are the request's when its header was read (its place in the model's order
+    must then be released)."""
 
     remedy = "Use only the loss functions and inputs this server maps (the message lists them)."
+    model_id: str | None = None
+    seq_id: int | None = None
 
 
 def _pb() -> Any:
@@ -74,6 +78,15 @@ def parse_forward_backward(body: bytes) -> Batch:
         raise TinkerInputError(f"the body is not a ForwardBackwardRequest: {exc}") from None
     if not request.model_id:
         raise TinkerInputError("ForwardBackwardRequest has no model_id")
+    try:
+        return _forward_backward_batch(request)
+    except TinkerInputError as exc:  # refused after the header: its seq_id must be freed
+        exc.model_id, exc.seq_id = request.model_id, int(request.seq_id)
+        raise
+
+
+def _forward_backward_batch(request: Any) -> Batch:
+    """The ``Batch`` of a decoded ``ForwardBackwardRequest`` (raises TinkerInputError)."""
     config: dict[str, float] = {}
     for key, value in request.loss_fn_config.items():
         config[key] = float(value)

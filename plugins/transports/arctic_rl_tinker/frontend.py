@@ -365,7 +365,12 @@ class TinkerFrontend(SamplingMixin):
 
     def forward_backward(self, body: bytes) -> Future:
         """A ForwardBackwardRequest protobuf: our fwd_bwd (or forward only) with log-probs."""
-        batch = convert.parse_forward_backward(body)
+        try:
+            batch = convert.parse_forward_backward(body)
+        except convert.TinkerInputError as exc:  # refused at parse time: free its seq_id
+            if exc.model_id is not None:
+                self.refuse(exc.model_id, exc.seq_id)
+            raise
         try:
             model = self.model(batch.model_id)
             if batch.loss_fn not in TINKER_LOSSES:

@@ -10,6 +10,8 @@ model's jobs still serving.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -331,6 +333,109 @@ def test_a_base_model_that_does_not_exist_is_a_4xx(raw, tmp_path):
     assert "not-an-org/not-a-model" in _refused(
         _create_model(raw, "not-an-org/not-a-model", {"rank": 8})
     )  # HF_HUB_OFFLINE: not in the cache
+
+
+# --- a refused request frees its place in the model's order -----------------------------
+
+
+def _fwd_proto(model_id, seq_id, tokens, inputs=None, loss_fn="cross_entropy"):
+    """A ForwardBackwardRequest of one datum: ``tokens`` with ``inputs`` (name -> (values,
+    dtype)); target_tokens default to the tokens shifted by one."""
+    import tinker
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    inputs = {"target_tokens": ([*tokens[1:], 1], "int64"), **(inputs or {})}
+    datum = tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(tokens),
+        loss_fn_inputs={
+            name: tinker.TensorData(data=values, dtype=dtype, shape=[len(values)])
+            for name, (values, dtype) in inputs.items()
+        },
+    )
+    request = tinker.types.ForwardBackwardRequest(
+        forward_backward_input=tinker.types.ForwardBackwardInput(data=[datum], loss_fn=loss_fn),
+        model_id=model_id,
+        seq_id=seq_id,
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def _outcome(raw, answer, hang=120.0):
+    """The final answer of an accepted request (polled as the SDK does); a failure if it is
+    still pending after ``hang`` seconds (a wedged model waits forever)."""
+    assert answer.status_code == 200, answer.text
+    request_id = answer.json()["request_id"]
+    deadline = time.monotonic() + hang
+    while time.monotonic() < deadline:
+        got = raw.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        if "json" not in got.headers.get("content-type", "") or got.json() is None:
+            return got
+        if got.json().get("type") != "try_again":
+            return got
+    pytest.fail(f"request {request_id} still pending after {hang} s: the model is wedged")
+
+
+def _ok(raw, answer):
+    got = _outcome(raw, answer)
+    assert got.status_code == 200, got.text
+    assert "json" not in got.headers.get("content-type", "") or "error" not in (got.json() or {})
+    return got
+
+
+BAD_FORWARD_BACKWARD = {
+    "targets of another length (parse time)": dict(
+        tokens=[1, 2, 3, 4], inputs={"target_tokens": ([2, 3], "int64")}
+    ),
+    "a zero-length datum (parse time)": dict(tokens=[], inputs={"target_tokens": ([], "int64")}),
+    "weights of another length (parse time)": dict(
+        tokens=[1, 2, 3], inputs={"weights": ([1.0], "float32")}
+    ),
+    "an unknown loss (checked before queuing)": dict(tokens=[1, 2, 3], loss_fn="no_such_loss"),
+    "NaN advantages (found by the engine)": dict(
+        tokens=[1, 2, 3],
+        inputs={
+            "logprobs": ([-1.0, -1.0, -1.0], "float32"),
+            "advantages": ([float("nan")] * 3, "float32"),
+        },
+        loss_fn="importance_sampling",
+    ),
+    "token ids out of the vocabulary (found by the engine)": dict(tokens=[1, 2, 10**6]),
+}
+
+
+def test_every_refused_request_frees_its_seq_id_for_the_models_next_ones(raw, tinker_server):
+    """After each kind of refused request, the same model's next forward_backward and
+    optim_step (consecutive seq_ids, as the SDK sends them) are answered."""
+    created = _create_model(raw, tinker_server.model, {"rank": 8})
+    model_id = _ok(raw, created).json()["model_id"]
+    session = model_id.split(":")[0]
+    good = _fwd_proto(model_id, 0, [1, 2, 3, 4])
+    adam = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+    bad_json = {
+        "/api/v1/optim_step": {"adam_params": {"learning_rate": -1.0}},
+        "/api/v1/save_weights": {"path": "../escape"},
+        "/api/v1/load_weights": {"path": "tinker://nobody/weights/none"},
+    }
+    seq = 1
+    refusals = [("fwd", name, spec) for name, spec in BAD_FORWARD_BACKWARD.items()]
+    refusals += [("json", path, body) for path, body in bad_json.items()]
+    for kind, name, spec in refusals:
+        raw.post("/api/v1/session_heartbeat", json={"session_id": session})
+        if kind == "fwd":
+            body = _fwd_proto(model_id, seq, **spec)
+            answer = raw.post("/api/v1/forward_backward", content=body, headers=PROTO_HEADERS)
+        else:
+            answer = raw.post(name, json={"model_id": model_id, "seq_id": seq, **spec})
+        if answer.status_code == 200:  # accepted, then failed in the engine: an error outcome
+            failed = _outcome(raw, answer)
+            assert "error" in failed.json(), (name, failed.text)
+        else:
+            _refused(answer)
+        good = _fwd_proto(model_id, seq + 1, [1, 2, 3, 4])
+        _ok(raw, raw.post("/api/v1/forward_backward", content=good, headers=PROTO_HEADERS))
+        step = {"model_id": model_id, "seq_id": seq + 2, "adam_params": adam}
+        _ok(raw, raw.post("/api/v1/optim_step", json=step))
+        seq += 3
 
 
 def test_after_the_bad_inputs_the_server_and_the_models_jobs_still_serve(raw, training):
