@@ -275,12 +275,14 @@ class TransportError(ArcticRLError):
 
 
 class ServerError(TransportError):
-    """The server answered a request with an error status."""
+    """The server answered a request with an error status; ``status`` is that status (one
+    number with ``status_code``), not the 502 of a transport that got no answer."""
 
     remedy = "Act on the answer's status and code (this table)."
 
     def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
         super().__init__(f"HTTP {status_code}: {message}")
+        self.status = status_code
         self.status_code = status_code
         self.message = message
         self.code = code or "error"
