@@ -20,11 +20,10 @@ KNOWN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
 
 
 class TinkerInputError(InvalidRequestError):
-    """A Tinker request body that cannot be mapped onto our operations; ``model_id`` and
-    ``seq_id`` are the request's when its header was read (its place in the model's order
-    must then be released)."""
+    """A Tinker request body that cannot be mapped onto our operations."""
 
     remedy = "Use only the loss functions and inputs this server maps (the message lists them)."
+    # the request's model and seq_id once its header was read: its place must be released
     model_id: str | None = None
     seq_id: int | None = None
 

@@ -8,91 +8,23 @@ import json
 from typing import Any
 
 import pytest
+from support.session_app import TOKEN, FakeServer
+from support.session_app import http_app as _app
+from support.session_app import open_session as _open
+from support.session_app import openai_client as _client
 
-from arctic_platform.rl.server.agent_ops import AgentOps
-from arctic_platform.rl.server.job_state import Job
 from arctic_platform.rl.wire.operations import BY_NAME
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-TOKEN = "server-token-0123456789"
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "4821"}}\n</tool_call>'
-
-
-class FakeJobs:
-    """One sampling job (id 1) of the tokenizer's directory; ``weight_version`` settable."""
-
-    def __init__(self, model: str) -> None:
-        self.job = Job(job_id=1, job_type="sampling", engine="vllm", config={}, num_gpus=1)
-        self.job.config = {"model_name": model, "vllm_config": {"max_model_len": 1024}}
-
-    def get(self, job_id: int) -> Job:
-        from arctic_platform.rl.errors import JobNotFoundError
-
-        if job_id != 1:
-            raise JobNotFoundError(f"no job {job_id}")
-        return self.job
-
-
-class FakeServer:
-    """What the http app needs of an ``RLServer``: ``handle`` and ``agents``."""
-
-    def __init__(self, model: str, replies: list[list[int]]) -> None:
-        import threading
-
-        self.jobs = FakeJobs(model)
-        self.replies = replies
-        self.requests: list[Any] = []
-        self.agents = AgentOps(self.jobs, self.generate)
-        self.shutdown_requested = threading.Event()
-
-    def generate(self, request: Any) -> dict[str, Any]:
-        self.requests.append(request)
-        version = self.jobs.job.weight_version
-        completions = []
-        for _ in range(int(request.sampling_params.get("n") or 1)):
-            ids = self.replies.pop(0) if self.replies else [3]
-            completions.append(
-                {
-                    "token_ids": ids,
-                    "logprobs": [-0.5] * len(ids),
-                    "finish_reason": "stop",
-                    "weight_version_start": version,
-                    "weight_version_end": version,
-                    "top_logprobs": [[[i, -0.5], [0, -2.0]] for i in ids],
-                }
-            )
-        return {"outputs": [{"completions": completions}], "weight_version": version}
-
-    def handle(self, name: str, payload: dict[str, Any] | None) -> Any:
-        request = BY_NAME[name].request.model_validate(payload or {})
-        return getattr(self.agents, name)(request)
 
 
 @pytest.fixture
 def tok_dir(chat_tok: Any, tmp_path: Any) -> str:
     chat_tok.raw.save_pretrained(tmp_path / "tok")
     return str(tmp_path / "tok")
-
-
-def _app(server: FakeServer, token: str | None) -> Any:
-    from fastapi.testclient import TestClient
-
-    from arctic_rl_http.app import build_app
-
-    return TestClient(build_app(server, token))  # type: ignore[arg-type]
-
-
-def _open(http: Any, token: str | None = TOKEN) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    answer = http.post("/sessions", json={"job_id": 1, "ttl": 60}, headers=headers)
-    assert answer.status_code == 200, answer.text
-    return dict(answer.json())
-
-
-def _client(http: Any, base: str, key: str) -> Any:
-    return openai.OpenAI(base_url=f"http://testserver{base}", api_key=key, http_client=http)
 
 
 def test_two_turns_with_a_tool_are_token_faithful(chat_tok, tok_dir, tools):

@@ -21,6 +21,7 @@ class ChatTokenizer:
         if tokenizer.eos_token_id is None or tokenizer.eos_token is None:
             raise ValueError("the tokenizer has no eos token")
         self._tok = tokenizer
+        self._longest_piece: int | None = None
         self.eos_id: int = int(tokenizer.eos_token_id)
         self.eos_text: str = str(tokenizer.eos_token)
 
@@ -64,3 +65,12 @@ class ChatTokenizer:
         """The id of ``text`` when it is exactly one token of the vocabulary, else None."""
         ids = self.encode(text)
         return ids[0] if len(ids) == 1 else None
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` found without tokenizing: no token covers
+        more characters than the longest piece of the vocabulary spells (halved, for
+        normalisers that merge characters). For refusing a huge text cheaply."""
+        if self._longest_piece is None:
+            vocab = self._tok.get_vocab()
+            self._longest_piece = max((len(piece) for piece in vocab), default=1)
+        return len(text) // (2 * max(self._longest_piece, 1))

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from arctic_platform.rl.agents.models import SessionState, SessionTurn
+from arctic_platform.rl.agents.models import RequestRecord, SessionState, SessionTurn
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,12 @@ class SessionJournal:
         self._append(state.session_id, {"open": head, "key": key, "job_id": job_id}, create=True)
 
     def recorded(self, state: SessionState, turns: list[SessionTurn]) -> None:
-        """A request's turns and the history the session now expects to be re-sent."""
+        """A request's turns and its ``RequestRecord`` (the messages it added, its tools)."""
+        indices = [t.index for t in turns]
+        request = next(r for r in reversed(state.requests) if r.turns == indices)
         record = {
             "turns": [t.model_dump(mode="json") for t in turns],
-            "last_messages": state.last_messages,
-            "last_tools": state.last_tools,
-            "last_choices": state.last_choices,
+            "request": request.model_dump(mode="json"),
         }
         self._append(state.session_id, record)
 
@@ -101,18 +101,43 @@ class SessionJournal:
         lines = path.read_text().splitlines()
         head = json.loads(lines[0])
         state = SessionState.model_validate(head["open"])
+        turns: list[SessionTurn] = []
+        requests: list[RequestRecord] = []
         for number, line in enumerate(lines[1:], start=2):
             try:
                 record = json.loads(line)
-                turns = [SessionTurn.model_validate(t) for t in record["turns"]]
+                recorded = [SessionTurn.model_validate(t) for t in record["turns"]]
+                requests.append(_request(record, recorded))
             except (ValueError, KeyError) as exc:  # a torn last write: keep what came before
                 logger.warning("%s line %d is torn (%s): earlier turns kept", path, number, exc)
                 break
-            state.turns.extend(turns)
-            state.last_messages = record.get("last_messages")
-            state.last_tools = record.get("last_tools")
-            state.last_choices = record.get("last_choices") or []
+            turns.extend(recorded)
+        # requests recorded together may have been written in either order; a torn line
+        # among them leaves a gap: the turns before it are kept
+        turns.sort(key=lambda t: t.index)
+        kept = next((n for n, t in enumerate(turns) if t.index != n), len(turns))
+        state.turns = turns[:kept]
+        state.requests = sorted(
+            (r for r in requests if all(t < kept for t in r.turns)),
+            key=lambda r: min(r.turns, default=-1),
+        )
+        used = [t.segment + 1 for t in state.turns]
+        state.next_segment = max([state.next_segment, *used])
         return JournaledSession(state=state, key=str(head["key"]), job_id=int(head["job_id"]))
+
+
+def _request(record: dict[str, Any], turns: list[SessionTurn]) -> RequestRecord:
+    """A line's ``RequestRecord``; a line of a server before them (``last_messages``: the
+    request's whole history) becomes a record that began its segment."""
+    if "request" in record:
+        return RequestRecord.model_validate(record["request"])
+    messages = record.get("last_messages") or []
+    return RequestRecord(
+        turns=[t.index for t in turns],
+        messages=messages,
+        tools=record.get("last_tools"),
+        chat=bool(messages),
+    )
 
 
 __all__ = ["JournaledSession", "SessionJournal"]

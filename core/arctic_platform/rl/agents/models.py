@@ -78,6 +78,9 @@ class SessionTurn(BaseModel):
 
     index: int = Field(ge=0)
     segment: int = Field(ge=0)
+    parent: int | None = Field(default=None, ge=0)
+    """The turn whose prompt and completion this turn's prompt continues (None: it began
+    its segment)."""
     prefix_break: bool = False
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -145,8 +148,23 @@ class Trajectory(BaseModel):
         return Batch.build(fields)
 
 
+class RequestRecord(BaseModel):
+    """One request a session recorded: the turns of its ``n`` choices, the turn it continued
+    (None: it began a segment), the messages it sent after that turn's history and answer
+    (all of them when it began a segment) and its tools. A later request continues one of
+    its choices when it re-sends that history, these messages and the choice's answer.
+    ``chat`` is False for token-in requests, whose messages are not known."""
+
+    turns: list[int]
+    parent: int | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    chat: bool = True
+
+
 class SessionState(BaseModel):
-    """What a session remembers: its turns and the last request's messages and tools."""
+    """What a session remembers: its turns, the requests that recorded them (for finding
+    which turn a later request continues) and the next free segment number."""
 
     session_id: str
     model: str
@@ -155,8 +173,5 @@ class SessionState(BaseModel):
     ttl: float | None = None
     expires_at: float | None = None
     turns: list[SessionTurn] = Field(default_factory=list)
-    last_messages: list[dict[str, Any]] | None = None
-    last_tools: list[dict[str, Any]] | None = None
-    last_choices: list[int] = Field(default_factory=list)
-    """Indices of the turns the last request recorded (its ``n`` choices, in choice order);
-    the next request may continue any of them."""
+    requests: list[RequestRecord] = Field(default_factory=list)
+    next_segment: int = Field(default=0, ge=0)

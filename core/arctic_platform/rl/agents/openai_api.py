@@ -16,11 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
 from arctic_platform.rl.agents.response_format import response_format_constraint, response_schema
-from arctic_platform.rl.agents.tool_choice import forced_tools, tool_call_constraint
+from arctic_platform.rl.agents.tool_choice import forced_tools, tool_call_constraint, tool_names
 from arctic_platform.rl.errors import BadRequestError
 from arctic_platform.rl.wire.requests import describe_errors
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""A ``seed`` is a signed 64-bit integer (as in vLLM's OpenAI server)."""
 
 
 class ChatCompletionBody(BaseModel):
@@ -39,7 +41,7 @@ class ChatCompletionBody(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool | None = None
@@ -88,11 +90,13 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
 
 
 def check_chat(body: ChatCompletionBody) -> None:
-    """Refuse (400) what this server does not do: ``n`` > 1 streamed, a ``tool_choice``
+    """Refuse (400) what this server does not do: ``n`` > 1 streamed, a tool that is not a
+    named function with a valid JSON schema (whatever the ``tool_choice``), a ``tool_choice``
     naming no tool, a ``response_format`` it does not know."""
     check_messages(body.messages)
     if (body.n or 1) > 1 and body.stream:
         raise BadRequestError("n > 1 is not streamed on a session; send stream=false")
+    tool_names(body.tools)
     forced_tools(body.tool_choice, body.tools)
     response_schema(body.response_format)
 
@@ -106,9 +110,9 @@ def chat_sampling_params(
     ``response_format`` to JSON of its schema (``response_format``); a forced call wins over
     the format (as in vLLM: agent frameworks send both, the format is for the final answer)."""
     params: dict[str, Any] = {"n": body.n or 1}
-    max_tokens = body.max_completion_tokens or body.max_tokens or room
+    max_tokens = fit_max_tokens(body.max_completion_tokens or body.max_tokens, room)
     if max_tokens is not None:
-        params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
+        params["max_tokens"] = max_tokens
     params.update(plain_sampling_params(body))
     if body.logprobs and body.top_logprobs:
         params["logprobs"] = body.top_logprobs
@@ -123,6 +127,24 @@ def chat_sampling_params(
         if start is not None:
             params["stop_token_ids"] = [start]
     return params
+
+
+def fit_max_tokens(asked: int | None, room: int | None, default: int | None = None) -> int | None:
+    """The ``max_tokens`` to sample with, ``room`` being the tokens the prompt leaves in the
+    context (None: unknown). A ``max_tokens`` the client ``asked`` for that does not fit is a
+    400, as vLLM answers (never silently cut); without one, ``default`` cut to the room, else
+    the whole room."""
+    if asked is not None:
+        if room is not None and asked > room:
+            raise BadRequestError(
+                f"max_tokens={asked} does not fit: the prompt leaves {room} tokens of the "
+                "model's context (max_model_len); ask for at most that many, or leave "
+                "max_tokens out to use them all"
+            )
+        return asked
+    if default is None or room is None:
+        return default if room is None else room
+    return max(1, min(default, room))
 
 
 def turn_usage(*turns: SessionTurn) -> dict[str, int]:
@@ -294,6 +316,7 @@ __all__ = [
     "chat_sampling_params",
     "check_chat",
     "check_messages",
+    "fit_max_tokens",
     "generate_response",
     "logprob_content",
     "parse_body",

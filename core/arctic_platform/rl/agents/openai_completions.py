@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
-from arctic_platform.rl.agents.openai_api import Choice, plain_sampling_params, turn_usage
+from arctic_platform.rl.agents.openai_api import (
+    SEED_MAX,
+    SEED_MIN,
+    Choice,
+    fit_max_tokens,
+    plain_sampling_params,
+    turn_usage,
+)
 from arctic_platform.rl.errors import BadRequestError
 
 DEFAULT_MAX_TOKENS = 16
@@ -37,7 +44,7 @@ class CompletionBody(BaseModel):
     n: int | None = Field(default=None, ge=1)
     best_of: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
@@ -82,10 +89,9 @@ def completion_prompt_ids(body: CompletionBody, tokenizer: ChatTokenizer) -> lis
 
 def completion_sampling_params(body: CompletionBody, room: int | None) -> dict[str, Any]:
     """The vLLM sampling params of a completions request; ``room``: tokens left in the
-    context (``max_tokens`` is cut to it)."""
+    context (a ``max_tokens`` past it is a 400; the default is cut to it)."""
     params: dict[str, Any] = {"n": body.n or 1}
-    max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
-    params["max_tokens"] = max_tokens if room is None else max(1, min(max_tokens, room))
+    params["max_tokens"] = fit_max_tokens(body.max_tokens, room, DEFAULT_MAX_TOKENS)
     params.update(plain_sampling_params(body))
     if body.logprobs:
         params["logprobs"] = body.logprobs

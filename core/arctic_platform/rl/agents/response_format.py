@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.json_schemas import check_compilable, check_schema
 from arctic_platform.rl.agents.tool_choice import MAX_WHITESPACE, added_token_texts
 from arctic_platform.rl.errors import BadRequestError
 
@@ -37,10 +38,10 @@ def response_schema(response_format: Any) -> dict[str, Any] | None:
     spec = response_format.get("json_schema")
     if not isinstance(spec, Mapping):
         raise BadRequestError("response_format of type 'json_schema' needs a 'json_schema' object")
-    schema = spec.get("schema", ANY_OBJECT)
-    if not isinstance(schema, Mapping):
-        raise BadRequestError("response_format.json_schema.schema must be a JSON schema object")
-    return dict(schema)
+    where = "response_format.json_schema.schema"
+    schema = check_schema(spec.get("schema", ANY_OBJECT), where)
+    check_compilable(schema, where)
+    return schema
 
 
 def response_format_constraint(

@@ -10,6 +10,7 @@ from typing import Any
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.history import as_dict
 from arctic_platform.rl.agents.models import (
+    RequestRecord,
     SampledChoice,
     SessionState,
     SessionTurn,
@@ -17,7 +18,7 @@ from arctic_platform.rl.agents.models import (
 )
 from arctic_platform.rl.agents.tool_calls import ParsedCompletion, parse_completion
 from arctic_platform.rl.agents.trajectory import build_trajectory
-from arctic_platform.rl.agents.turns import PromptPlan, plan_prompt
+from arctic_platform.rl.agents.turns import PromptPlan, plan_ids, plan_prompt
 
 
 class AgentSession:
@@ -32,9 +33,20 @@ class AgentSession:
     def prompt(
         self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> PromptPlan:
-        """The prompt ids (and segment) of the next turn for this request."""
+        """The prompt ids (and segment) of the next turn for this request; a new segment's
+        number is taken now, so requests planned together never share one by accident."""
         with self._lock:
-            return plan_prompt(self.tokenizer, self.state, messages, tools)
+            return self._take(plan_prompt(self.tokenizer, self.state, messages, tools))
+
+    def prompt_ids(self, prompt_ids: Sequence[int]) -> PromptPlan:
+        """The plan of a request whose prompt the client gave as token ids."""
+        with self._lock:
+            return self._take(plan_ids(self.state, prompt_ids))
+
+    def _take(self, plan: PromptPlan) -> PromptPlan:
+        if plan.parent is None:
+            self.state.next_segment = max(self.state.next_segment, plan.segment + 1)
+        return plan
 
     def record(
         self,
@@ -72,7 +84,8 @@ class AgentSession:
         choices: Sequence[SampledChoice],
     ) -> list[tuple[SessionTurn, ParsedCompletion]]:
         """Record the ``n`` choices sampled for one ``plan`` as sibling turns (same prompt,
-        same segment); the next request may continue any of them."""
+        same segment); a later request may continue any of them. ``messages`` empty and
+        ``tools`` None with a plan from ``prompt_ids``: a token-in request."""
         with self._lock:
             out = []
             for choice in choices:
@@ -87,6 +100,7 @@ class AgentSession:
                 turn = SessionTurn(
                     index=index,
                     segment=plan.segment,
+                    parent=plan.parent,
                     prefix_break=plan.prefix_break,
                     prompt_ids=list(plan.prompt_ids),
                     completion_ids=list(choice.completion_ids),
@@ -101,9 +115,17 @@ class AgentSession:
                 )
                 self.state.turns.append(turn)
                 out.append((turn, parsed))
-            self.state.last_messages = [as_dict(m) for m in messages]
-            self.state.last_tools = [dict(t) for t in tools] if tools else None
-            self.state.last_choices = [turn.index for turn, _ in out]
+            sent = [as_dict(m) for m in messages]
+            added = sent if plan.parent is None else sent[plan.continued + 1 :]
+            self.state.requests.append(
+                RequestRecord(
+                    turns=[turn.index for turn, _ in out],
+                    parent=plan.parent,
+                    messages=added,
+                    tools=[dict(t) for t in tools] if tools else None,
+                    chat=bool(messages),
+                )
+            )
             return out
 
     def trajectory(self) -> Trajectory:

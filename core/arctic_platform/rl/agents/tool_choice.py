@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.json_schemas import check_compilable, check_schema
 from arctic_platform.rl.agents.tool_calls import TOOL_CALL_END, TOOL_CALL_START
 from arctic_platform.rl.errors import BadRequestError
 
@@ -25,15 +26,21 @@ MAX_WHITESPACE = 1
 
 
 def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
-    """The function tools of a request by name; 400 for a tool that is not one."""
+    """The function tools of a request by name; 400 for a tool that is not one, or whose
+    ``parameters`` is not a valid JSON schema (whatever the ``tool_choice``, as OpenAI)."""
     out: dict[str, Mapping[str, Any]] = {}
     for i, tool in enumerate(tools or []):
         function = tool.get("function") if isinstance(tool, Mapping) else None
-        name = function.get("name") if isinstance(function, Mapping) else None
-        is_function = isinstance(function, Mapping) and tool.get("type", "function") == "function"
-        if not is_function or not isinstance(name, str) or not name:
+        if not isinstance(function, Mapping) or tool.get("type", "function") != "function":
             raise BadRequestError(f"tools[{i}] must be a function tool with a 'function.name'")
-        out[name] = function  # type: ignore[assignment]  # a Mapping, checked above
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequestError(f"tools[{i}] must be a function tool with a 'function.name'")
+        if name in out:
+            raise BadRequestError(f"tools[{i}]: a second tool named {name!r}")
+        if function.get("parameters") is not None:
+            check_schema(function["parameters"], f"tools[{i}].function.parameters")
+        out[name] = function
     return out
 
 
@@ -69,8 +76,8 @@ def call_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     options = []
     for function in functions:
         parameters = function.get("parameters") or EMPTY_PARAMETERS
-        if not isinstance(parameters, Mapping):
-            raise BadRequestError(f"the parameters of tool {function['name']!r} must be a schema")
+        where = f"the parameters of tool {function['name']!r}"
+        check_compilable(check_schema(parameters, where), where)
         options.append(
             {
                 "type": "object",

@@ -11,12 +11,14 @@ Length stop. A previous completion that does not end with the eos id (stopped by
 a stop string or another stop token) gets one eos id appended before the bridge, as the
 template closes every assistant turn with it; that id is not sampled (loss mask 0).
 
-After a request with ``n`` choices the client may continue any one of them: the one whose
-assistant message it sent back is the previous turn.
+The previous turn is whichever earlier turn the request continues (``lineage``): any
+choice of any earlier request, so conversations sharing a session, or the ``n`` choices of
+one request each continued, keep their own segments whatever the timing.
 
 Otherwise (first turn, edited history, other tools, or a template whose rendering cannot be
-cut) the prompt is the full tokenization of the rendered conversation; after the first turn
-that starts a new segment with ``prefix_break=True``. It is never an error.
+cut) the prompt is the full tokenization of the rendered conversation, in a new segment
+(the session's next free number); after the first segment it is marked ``prefix_break=True``.
+It is never an error.
 """
 
 from __future__ import annotations
@@ -27,18 +29,22 @@ from typing import Any
 from pydantic import BaseModel
 
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
-from arctic_platform.rl.agents.history import as_dict, history_mismatch, same_tools
+from arctic_platform.rl.agents.history import as_dict
+from arctic_platform.rl.agents.lineage import chat_parent, ids_parent
 from arctic_platform.rl.agents.models import SessionState
 
 
 class PromptPlan(BaseModel):
     """The prompt ids of the next turn, its segment, and how they were made: ``reused``
-    leading ids copied from the previous turn, then ``bridge_ids`` (after an added eos when
-    ``appended_eos``); ``break_reason`` says why a new segment began."""
+    leading ids copied from the ``parent`` turn, then ``bridge_ids`` (after an added eos when
+    ``appended_eos``); ``break_reason`` says why a new segment began. ``continued``: how many
+    of the request's messages the parent's history holds (its answer is the next one)."""
 
     prompt_ids: list[int]
     segment: int
     prefix_break: bool
+    parent: int | None = None
+    continued: int = 0
     reused: int = 0
     bridge_ids: list[int] = []
     appended_eos: bool = False
@@ -76,6 +82,18 @@ def bridge_text(
     return full[at:]
 
 
+def new_segment(state: SessionState, prompt_ids: list[int], reason: str | None) -> PromptPlan:
+    """A plan starting the session's next free segment with ``prompt_ids`` (the caller, who
+    holds the session, takes the number: ``state.next_segment`` += 1)."""
+    segment = state.next_segment
+    return PromptPlan(
+        prompt_ids=prompt_ids,
+        segment=segment,
+        prefix_break=segment > 0,
+        break_reason=reason if segment > 0 else None,
+    )
+
+
 def plan_prompt(
     tokenizer: ChatTokenizer,
     state: SessionState,
@@ -85,31 +103,17 @@ def plan_prompt(
     """The next turn's prompt ids for ``messages`` (and ``tools``) by the module's rule."""
     sent = [as_dict(m) for m in messages]
     tool_list = [dict(t) for t in tools] if tools else None
-    last = state.turns[-1] if state.turns else None
 
     def full(reason: str | None) -> PromptPlan:
         text = tokenizer.render(sent, tool_list, add_generation_prompt=True)
-        return PromptPlan(
-            prompt_ids=tokenizer.encode(text),
-            segment=0 if last is None else last.segment + 1,
-            prefix_break=last is not None,
-            break_reason=reason,
-        )
+        return new_segment(state, tokenizer.encode(text), reason)
 
-    if last is None:
+    if not state.turns:
         return full(None)
-    history = state.last_messages or []
-    if not same_tools(state.last_tools, tool_list):
-        return full("the tools differ from the previous request's")
-    choices = [state.turns[i] for i in state.last_choices] or [last]
-    reason = history_mismatch(history, choices[0].message.to_openai(), sent)
-    for choice in choices:  # the choice (of n) whose message the client sent back
-        if history_mismatch(history, choice.message.to_openai(), sent) is None:
-            last, reason = choice, None
-            break
-    if reason is not None:
+    last, continued, reason = chat_parent(state, sent, tool_list)
+    if last is None:
         return full(reason)
-    text = bridge_text(tokenizer, sent[: len(history) + 1], sent, tool_list)
+    text = bridge_text(tokenizer, sent[: continued + 1], sent, tool_list)
     if text is None:
         return full("the chat template's rendering cannot be cut after the assistant turn")
     reused = [*last.prompt_ids, *last.completion_ids]
@@ -119,7 +123,25 @@ def plan_prompt(
         prompt_ids=reused + bridge,
         segment=last.segment,
         prefix_break=False,
+        parent=last.index,
+        continued=continued,
         reused=len(reused),
         bridge_ids=bridge,
         appended_eos=appended,
+    )
+
+
+def plan_ids(state: SessionState, prompt_ids: Sequence[int]) -> PromptPlan:
+    """The plan of a request whose prompt the client gave as ids: it continues the turn
+    whose prompt and completion start it (``lineage.ids_parent``), else a new segment."""
+    prompt = [int(i) for i in prompt_ids]
+    parent = ids_parent(state, prompt)
+    if parent is None:
+        return new_segment(state, prompt, "the token ids continue no earlier turn")
+    return PromptPlan(
+        prompt_ids=prompt,
+        segment=parent.segment,
+        prefix_break=False,
+        parent=parent.index,
+        reused=len(parent.prompt_ids) + len(parent.completion_ids),
     )

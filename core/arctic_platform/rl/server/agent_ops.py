@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from arctic_platform.rl import wire
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
+from arctic_platform.rl.agents.history import content_text
 from arctic_platform.rl.agents.journal import SessionJournal
 from arctic_platform.rl.agents.models import SampledChoice, SessionTurn
 from arctic_platform.rl.agents.openai_api import (
@@ -27,6 +28,7 @@ from arctic_platform.rl.agents.openai_api import (
     chat_response,
     chat_sampling_params,
     check_chat,
+    fit_max_tokens,
     generate_response,
     parse_body,
 )
@@ -234,12 +236,31 @@ class AgentOps:
             raise NotFoundError(f"no agent session {session_id!r}")
         return job_id
 
-    def _room(self, session: AgentSession, job_id: int, prompt: int) -> int | None:
-        """Tokens left after a ``prompt``-token prompt; 400 when none are."""
+    def _context_of(self, session: AgentSession, job_id: int) -> int | None:
+        """The sampling job's context in tokens (None: unknown)."""
         if job_id not in self._context:
             job = self.jobs.get(job_id)
             self._context[job_id] = _model_context(session.state.model, job.config)
-        context = self._context[job_id]
+        return self._context[job_id]
+
+    def _check_rough_length(self, session: AgentSession, job_id: int, texts: list[str]) -> None:
+        """400 at once when ``texts`` cannot fit the context however they tokenize (a lower
+        bound on their tokens, found without tokenizing): a huge message costs no tokenizer
+        time before its answer."""
+        context = self._context_of(session, job_id)
+        if context is None:
+            return
+        fewest = sum(session.tokenizer.fewest_tokens(text) for text in texts)
+        if fewest >= context:
+            chars = sum(len(text) for text in texts)
+            raise BadRequestError(
+                f"the prompt is at least {fewest} tokens ({chars} characters); the model's "
+                f"context is {context} (max_model_len), with at least one token to generate"
+            )
+
+    def _room(self, session: AgentSession, job_id: int, prompt: int) -> int | None:
+        """Tokens left after a ``prompt``-token prompt; 400 when none are."""
+        context = self._context_of(session, job_id)
         if context is None:
             return None
         if prompt >= context:
@@ -296,6 +317,8 @@ class AgentOps:
         request: ChatCompletionBody = parse_body(ChatCompletionBody, body)
         check_chat(request)
         self._check_staleness(session, job_id)
+        texts = [content_text(m.get("content")) for m in request.messages]
+        self._check_rough_length(session, job_id, texts)
         try:
             plan = session.prompt(request.messages, request.tools)
         except Exception as exc:  # the chat template refused the messages
@@ -337,25 +360,9 @@ class AgentOps:
         self, session: AgentSession, job_id: int, prompt: list[int], params: dict[str, Any]
     ) -> list[tuple[SessionTurn, dict[str, Any]]]:
         """Sample and record a request whose prompt the client gave as ids: it continues the
-        segment when it starts with the prompt and completion of a choice of the previous
-        request, else it starts a new one marked ``prefix_break``."""
-        turns = session.state.turns
-        last = turns[-1] if turns else None
-        candidates = [turns[i] for i in session.state.last_choices] or ([last] if last else [])
-        previous: list[int] = []
-        for turn in candidates:
-            ids = [*turn.prompt_ids, *turn.completion_ids]
-            if prompt[: len(ids)] == ids:
-                previous = ids
-                break
-        extends = bool(previous)
-        plan = PromptPlan(
-            prompt_ids=prompt,
-            segment=0 if last is None else last.segment + (0 if extends else 1),
-            prefix_break=last is not None and not extends,
-            reused=len(previous),
-            break_reason=None if last is None or extends else "the token ids edit the history",
-        )
+        segment of the turn whose prompt and completion it starts with (any earlier turn),
+        else it starts a new one (marked ``prefix_break`` after the first)."""
+        plan = session.prompt_ids(prompt)
         completions = self._sample(job_id, prompt, params)
         return [(t, c) for t, _, c in self._record(session, plan, [], None, completions)]
 
@@ -369,8 +376,11 @@ class AgentOps:
         room = self._room(session, job_id, len(prompt))
         params = dict(request.sampling_params)
         params.setdefault("n", 1)
-        if room is not None:
-            params["max_tokens"] = min(int(params.get("max_tokens") or room), room)
+        asked = params.get("max_tokens")
+        if asked is None or (isinstance(asked, int) and not isinstance(asked, bool)):
+            fitted = fit_max_tokens(asked, room)  # else the engine names the bad value
+            if fitted is not None:
+                params["max_tokens"] = fitted
         choices = self._token_turn(session, job_id, prompt, params)
         return generate_response(
             choices, session.tokenizer, session_id=session_id, model=session.state.model
@@ -384,6 +394,8 @@ class AgentOps:
         request: CompletionBody = parse_body(CompletionBody, body)
         check_completion(request)
         self._check_staleness(session, job_id)
+        if isinstance(request.prompt, str):
+            self._check_rough_length(session, job_id, [request.prompt])
         prompt = completion_prompt_ids(request, session.tokenizer)
         room = self._room(session, job_id, len(prompt))
         params = completion_sampling_params(request, room)
@@ -400,16 +412,12 @@ class AgentOps:
         """OpenAI's model list: the session's model with its ``max_model_len``."""
         session = self._session(session_id)
         job_id = self._job_id(session_id)
-        if job_id not in self._context:
-            self._context[job_id] = _model_context(
-                session.state.model, self.jobs.get(job_id).config
-            )
         entry = {
             "id": session.state.model,
             "object": "model",
             "created": int(session.state.created_at),
             "owned_by": "arctic-rl",
-            "max_model_len": self._context[job_id],
+            "max_model_len": self._context_of(session, job_id),
         }
         return {"object": "list", "data": [entry]}
 
