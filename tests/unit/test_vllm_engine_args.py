@@ -117,6 +117,13 @@ def test_sampling_params_defaults_and_seed_per_prompt():
     assert SamplingSpec.parse(None) == SamplingSpec()
 
 
+def test_seeds_derived_past_the_top_of_64_bits_wrap_around():
+    pytest.importorskip("vllm")
+    spec = SamplingSpec.parse({"n": 2, "seed": 2**63 - 1})
+    seeds = [params.seed for params in spec.per_prompt(3)]
+    assert seeds == [2**63 - 1, -(2**63) + 1, -(2**63) + 3]
+
+
 @pytest.mark.parametrize(
     ("params", "key"),
     [
@@ -132,6 +139,8 @@ def test_sampling_params_defaults_and_seed_per_prompt():
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
         ({"best_of": 2}, "best_of"),
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
     ],
 )
 def test_bad_sampling_params_are_value_errors_naming_the_key(params, key):

@@ -31,6 +31,15 @@ MAX_SEQUENCES = 65536
 """Most sequences (prompts x n) one generate request may ask for; more is a 422, not an OOM."""
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""A seed is a signed 64-bit integer (vLLM's limit; beyond it sampling fails)."""
+
+
+def _wrap_seed(seed: int) -> int:
+    """``seed`` folded into the signed 64-bit range (a derived seed past the top wraps)."""
+    return (seed - SEED_MIN) % 2**64 + SEED_MIN
+
+
 def _fail(key: str, rule: str, value: Any) -> InvalidRequestError:
     return InvalidRequestError(f"sampling_params[{key!r}] must be {rule}, got {value!r}")
 
@@ -129,6 +138,8 @@ class SamplingSpec:
             seed = p["seed"]
             if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
                 raise _fail("seed", "an integer or None", seed)
+            if not SEED_MIN <= int(seed) <= SEED_MAX:
+                raise _fail("seed", "a signed 64-bit integer (or None)", seed)
             out["seed"] = int(seed)
         if "stop" in p:
             stop = [p["stop"]] if isinstance(p["stop"], str) else p["stop"]
@@ -204,7 +215,7 @@ class SamplingSpec:
             return [shared] * count
         if self.seed is None:  # vLLM writes its backend into each constraint: one per prompt
             return [self.to_vllm() for _ in range(count)]
-        return [self.to_vllm(self.seed + i * self.n) for i in range(count)]
+        return [self.to_vllm(_wrap_seed(self.seed + i * self.n)) for i in range(count)]
 
 
 def version_spans(output: Any, fallback: int) -> list[list[int]]:
