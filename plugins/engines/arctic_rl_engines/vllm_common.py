@@ -319,6 +319,11 @@ class VLLMEngine(LoraServing, Engine):
         import torch
         from vllm import LLM
 
+        if self.lora is not None:  # adapters with lm_head among their targets (any model)
+            from arctic_rl_engines.vllm_output_lora import install
+
+            install()
+
         set_num_threads = torch.set_num_threads
         self._llm: Any = None
         try:
