@@ -28,8 +28,16 @@ from arctic_rl_tinker.futures import (
     failure,
     run_into,
 )
+from arctic_rl_tinker.gpu_seats import GpuSeats, Seat
 from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
-from arctic_rl_tinker.pools import Pool, Pools, adapter_name, pool_key, start_pool
+from arctic_rl_tinker.pools import (
+    Pool,
+    Pools,
+    adapter_name,
+    describe_shape,
+    pool_key,
+    start_pool,
+)
 from arctic_rl_tinker.records import (
     SESSION_TTL,
     Gpus,
@@ -64,10 +72,13 @@ class TinkerFrontend(SamplingMixin):
         job_ready_timeout: float = 900.0,
         session_ttl: float = SESSION_TTL,
         full_fine_tuning: bool = False,
+        pool_gpus: int = 1,
     ) -> None:
         self.server = server
         self.full_fine_tuning = full_fine_tuning
-        self.gpus = gpus or Gpus.from_total(int(getattr(server, "num_gpus", 1) or 1))
+        total = int(getattr(server, "num_gpus", 1) or 1)
+        self.gpus = gpus or Gpus.from_total(total)  # a full-fine-tuning model's jobs
+        self.seats = GpuSeats(total, pool_gpus)  # LoRA pools and base samplers
         self.job_ready_timeout = job_ready_timeout
         self.futures = Futures()
         self._lock = threading.Lock()
@@ -127,6 +138,7 @@ class TinkerFrontend(SamplingMixin):
             for model in models:
                 if model.pool is not None and self.pools.leave(model.pool, model.model_id):
                     jobs.update(model.pool.jobs())
+                    self.seats.release(model.pool.owner)
             jobs.discard(None)
             pooled = {(m.sampling_job, m.adapter) for m in models if m.pool is not None}
             for sampler_id, sampler in list(self.samplers.items()):
@@ -209,22 +221,28 @@ class TinkerFrontend(SamplingMixin):
 
     # --- models -----------------------------------------------------------------------
 
-    def _job_config(self, base_model: str, lora: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _job_config(
+        self, base_model: str, lora: dict[str, Any] | None = None, gpus: Gpus | None = None
+    ) -> dict[str, Any]:
         from arctic_platform.rl.api import ArcticRLClientConfig
 
+        gpus = gpus or self.gpus
         config = ArcticRLClientConfig(
             model_name=base_model,
             training_config={"lora": lora} if lora is not None else None,
             host="127.0.0.1",
             port=1,
-            training_gpus=self.gpus.training,
-            sampling_gpus=self.gpus.sampling,
-            colocate=self.gpus.colocate,
+            training_gpus=gpus.training,
+            sampling_gpus=gpus.sampling,
+            colocate=gpus.colocate,
         )
         return config.initialize_payload()
 
-    def _start_job(self, job_type: str, config: dict[str, Any]) -> int:
-        answer = self.server.handle("initialize", {"job_type": job_type, "config": config})
+    def _start_job(self, job_type: str, config: dict[str, Any], group: str | None = None) -> int:
+        request: dict[str, Any] = {"job_type": job_type, "config": config}
+        if group is not None:
+            request["colocation_group"] = group
+        answer = self.server.handle("initialize", request)
         return int(answer["job_id"])
 
     def _wait_running(self, job_id: int) -> None:
@@ -262,8 +280,12 @@ class TinkerFrontend(SamplingMixin):
                 model_id, base_model, Lane(model_id), session_id, lora_rank=rank, lora=lora
             )
             if lora is not None:
+                key = pool_key(base_model, lora)
+                seat, owner = None, f"pool-{uuid.uuid4().hex[:12]}"
+                if self.pools.live(key) is None:  # a new shape: GPUs of its own, or a 409 now
+                    seat = self.seats.take_pool(owner, describe_shape(key))
                 model.adapter = adapter_name(model_id)
-                model.pool, new_pool = self.pools.join(pool_key(base_model, lora), lora, model_id)
+                model.pool, new_pool = self.pools.join(key, lora, model_id, seat, owner)
             self.models[model_id] = model
         future = self.futures.new("create_model")
 
@@ -291,12 +313,15 @@ class TinkerFrontend(SamplingMixin):
     def _join_pool(self, model: Model, pool: Pool, new: bool) -> None:
         """Start the pool's jobs (a new pool) or wait for them, then add the model's adapter."""
         if new:
-            config = self._job_config(pool.base_model, pool.lora)
+            seat: Seat = pool.seat
+            config = self._job_config(pool.base_model, pool.lora, seat.gpus)
             try:
-                start_pool(pool, lambda t: self._start_job(t, config), self._wait_running)
+                start = lambda t: self._start_job(t, config, seat.group)  # noqa: E731
+                start_pool(pool, start, self._wait_running)
             except BaseException:
                 with self._lock:
                     self.pools.forget(pool)
+                    self.seats.release(pool.owner)
                 raise
         else:
             pool.wait(self.job_ready_timeout)
@@ -313,6 +338,7 @@ class TinkerFrontend(SamplingMixin):
             with self._lock:
                 if self.pools.leave(model.pool, model.model_id):
                     jobs = list(model.pool.jobs())
+                    self.seats.release(model.pool.owner)
         for job_id in jobs:
             if job_id is not None:
                 try:

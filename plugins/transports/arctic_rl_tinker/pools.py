@@ -32,6 +32,12 @@ def pool_key(base_model: str, lora: dict[str, Any]) -> PoolKey:
     )
 
 
+def describe_shape(key: PoolKey) -> str:
+    """A pool's base model and LoRA shape, for messages."""
+    base, rank, alpha, targets, _ = key
+    return f"LoRA rank {rank} alpha {alpha:g} on {'/'.join(targets)} of {base}"
+
+
 def adapter_name(model_id: str) -> str:
     """The adapter a model trains in its pool: unique per model id, a valid adapter name
     (a model id holds ``:``, which adapter names may not)."""
@@ -52,6 +58,10 @@ class Pool:
     ready: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
     closed: bool = False
+    seat: Any = None
+    """Where its jobs sit on the server's GPUs (``gpu_seats.Seat``)."""
+    owner: str = ""
+    """Its name in the server's GPU seats."""
 
     @property
     def base_model(self) -> str:
@@ -77,15 +87,21 @@ class Pools:
     def __init__(self) -> None:
         self.by_key: dict[PoolKey, Pool] = {}
 
-    def join(self, key: PoolKey, lora: dict[str, Any], model_id: str) -> tuple[Pool, bool]:
-        """The pool ``model_id`` joins (a new one when none of ``key`` is live) and whether
-        it is new (its jobs are the caller's to start)."""
+    def live(self, key: PoolKey) -> Pool | None:
+        """The live pool of ``key``, if any (a model of ``key`` would join it)."""
         pool = self.by_key.get(key)
-        new = pool is None or pool.closed or pool.error is not None
-        if new:
-            pool = Pool(key, lora)
+        return None if pool is None or pool.closed or pool.error is not None else pool
+
+    def join(
+        self, key: PoolKey, lora: dict[str, Any], model_id: str, seat: Any = None, owner: str = ""
+    ) -> tuple[Pool, bool]:
+        """The pool ``model_id`` joins (a new one, seated at ``seat`` as ``owner``, when none
+        of ``key`` is live) and whether it is new (its jobs are the caller's to start)."""
+        pool = self.live(key)
+        new = pool is None
+        if pool is None:
+            pool = Pool(key, lora, seat=seat, owner=owner)
             self.by_key[key] = pool
-        assert pool is not None
         pool.members.add(model_id)
         return pool, new
 
@@ -131,4 +147,12 @@ def start_pool(
         pool.ready.set()
 
 
-__all__ = ["Pool", "PoolKey", "Pools", "adapter_name", "pool_key", "start_pool"]
+__all__ = [
+    "Pool",
+    "PoolKey",
+    "Pools",
+    "adapter_name",
+    "describe_shape",
+    "pool_key",
+    "start_pool",
+]

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from arctic_platform.rl.api import InvalidRequestError, RLServer
 from arctic_rl_tinker import lora_models
 from arctic_rl_tinker.futures import Coalescer, Future, Futures, failure, run_into
+from arctic_rl_tinker.gpu_seats import GpuSeats
 from arctic_rl_tinker.pools import Pools
-from arctic_rl_tinker.records import Model, Sampler, UnknownIdError
+from arctic_rl_tinker.records import Gpus, Model, Sampler, UnknownIdError
 from arctic_rl_tinker.sample_requests import SampleItem, prompt_tokens, sampling_params
 
 
@@ -31,6 +32,8 @@ class SamplingMixin:
     _pool: ThreadPoolExecutor
     _samples: Coalescer
     _base_samplers: dict[str, int]
+    seats: GpuSeats
+    full_fine_tuning: bool
 
     if TYPE_CHECKING:  # the front-end's own methods
 
@@ -38,10 +41,12 @@ class SamplingMixin:
         def model(self, model_id: str) -> Model: ...
         def _ready(self, model: Model) -> Model: ...
         def _served(self, model: Model) -> str | None: ...
-        def _start_job(self, job_type: str, config: dict[str, Any]) -> int: ...
+        def _start_job(
+            self, job_type: str, config: dict[str, Any], group: str | None = None
+        ) -> int: ...
         def _wait_running(self, job_id: int) -> None: ...
         def _job_config(
-            self, base_model: str, lora: dict[str, Any] | None = None
+            self, base_model: str, lora: dict[str, Any] | None = None, gpus: Gpus | None = None
         ) -> dict[str, Any]: ...
 
     def _new_sampler(
@@ -62,8 +67,18 @@ class SamplingMixin:
         """A sampling job of the untrained ``base_model`` (started once, kept)."""
         with self._lock:
             job_id = self._base_samplers.get(base_model)
+            seat = None
+            if job_id is None and not self.full_fine_tuning:  # GPUs of its own, or a 409 now
+                seat = self.seats.take_base(f"base:{base_model}", f"a sampler of {base_model}")
         if job_id is None:
-            job_id = self._start_job("sampling", self._job_config(base_model))
+            try:
+                gpus, group = (seat.gpus, seat.group) if seat is not None else (None, None)
+                config = self._job_config(base_model, gpus=gpus)
+                job_id = self._start_job("sampling", config, group)
+            except BaseException:
+                with self._lock:
+                    self.seats.release(f"base:{base_model}")
+                raise
             with self._lock:
                 self._base_samplers[base_model] = job_id
         self._wait_running(job_id)

@@ -28,6 +28,22 @@ def full_fine_tuning() -> bool:
     raise ServeError(f"{FULL_FINE_TUNING_ENV}={value!r}: set it to 1 (full weights) or 0 (LoRA)")
 
 
+POOL_GPUS_ENV = "ARCTIC_RL_TINKER_POOL_GPUS"
+"""GPUs each LoRA pool (one base model and LoRA shape) takes; default 1 (see gpu_seats)."""
+
+
+def pool_gpus(total: int) -> int:
+    """GPUs a LoRA pool takes (``ARCTIC_RL_TINKER_POOL_GPUS``, default 1): a whole number from
+    1 to the server's ``total``."""
+    value = os.environ.get(POOL_GPUS_ENV, "").strip() or "1"
+    if not value.isdigit() or not 1 <= int(value) <= max(total, 1):
+        raise ServeError(
+            f"{POOL_GPUS_ENV}={value!r}: set it to a whole number of GPUs from 1 to the "
+            f"server's {max(total, 1)} (each LoRA shape's pool takes that many)"
+        )
+    return int(value)
+
+
 def no_client(*args: object, **kwargs: object) -> None:
     """The client side: there is none; the tinker SDK is this transport's client."""
     raise ServeError(
@@ -63,7 +79,8 @@ def serve(
             "a full training and sampling job, and LoRA-tuned learning rates are ~10x too high)",
             FULL_FINE_TUNING_ENV,
         )
-    frontend = TinkerFrontend(server, full_fine_tuning=full)
+    share = pool_gpus(int(getattr(server, "num_gpus", 1) or 1))
+    frontend = TinkerFrontend(server, full_fine_tuning=full, pool_gpus=share)
     try:
         app = build_app(frontend, token)
         logger.info(
@@ -88,9 +105,11 @@ def serve(
 
 __all__ = [
     "FULL_FINE_TUNING_ENV",
+    "POOL_GPUS_ENV",
     "ServeError",
     "check_token",
     "full_fine_tuning",
     "no_client",
+    "pool_gpus",
     "serve",
 ]

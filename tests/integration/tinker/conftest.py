@@ -1,7 +1,8 @@
 """A real ``arctic-rl serve --transport tinker`` on 127.0.0.1 over a tiny local model.
 
-The server is a subprocess with its own Ray cluster (one logical GPU: the training and
-sampling jobs of a model share it); tests talk to it with the real ``tinker`` SDK.
+The server is a subprocess with its own Ray cluster (two logical GPUs; a LoRA pool's training
+and sampling jobs share one, so two LoRA shapes fit side by side); tests talk to it with the
+real ``tinker`` SDK.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ HERE = Path(__file__).resolve().parent
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run this package's cookbook test after its SDK tests, in the same slots.
 
-    The recipe's process exits without finishing its Tinker session, so its model's jobs keep
-    the server's one logical GPU until the 120 s heartbeat timeout: run first, it made the SDK
-    module wait those two minutes for placement; run last, the server's stop frees them.
+    The recipe's process exits without finishing its Tinker session, so its model's pool keeps
+    a logical GPU until the 120 s heartbeat timeout: run first, it held a GPU the other
+    modules' pools need; run last, the server's stop frees it.
     """
     slots = [i for i, item in enumerate(items) if Path(str(item.path)).resolve().parent == HERE]
     ours = [items[i] for i in slots]
@@ -69,7 +70,7 @@ def tinker_server(
     command = arctic_rl(
         "serve", "--transport", "tinker", "--host", "127.0.0.1", "--port", str(port),
         "--token-file", str(token_file), "--run-dir", str(run_dir / "server"),
-        "--num-gpus", "1", "--no-ray-auto-attach",
+        "--num-gpus", "2", "--no-ray-auto-attach",
     )  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
     health = servers.answers(f"{base_url}/api/v1/healthz")
@@ -85,7 +86,7 @@ def tinker_server(
 @pytest.fixture(scope="module")
 def service(tinker_server: TinkerServer) -> Iterator[object]:
     """A ``tinker.ServiceClient`` on the server; closing it finishes the session, which
-    destroys its models' jobs (one logical GPU holds one model's jobs at a time)."""
+    destroys its models' pools' jobs and frees their GPUs for the next module's shapes."""
     import tinker
 
     client = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.token)

@@ -409,7 +409,15 @@ def test_every_refused_request_frees_its_seq_id_for_the_models_next_ones(raw, ti
     created = _create_model(raw, tinker_server.model, {"rank": 8})
     model_id = _ok(raw, created).json()["model_id"]
     session = model_id.split(":")[0]
-    good = _fwd_proto(model_id, 0, [1, 2, 3, 4])
+    try:
+        _refusals_then_progress(raw, model_id, session)
+    finally:  # its adapter leaves the pool now, not at the heartbeat timeout
+        raw.post(f"/api/v1/sessions/{session}/finish")
+
+
+def _refusals_then_progress(raw, model_id, session):
+    """Each refused request at the model's next seq_id, then a forward_backward and an
+    optim_step at the two after it: both must be answered."""
     adam = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
     bad_json = {
         "/api/v1/optim_step": {"adam_params": {"learning_rate": -1.0}},

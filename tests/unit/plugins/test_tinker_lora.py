@@ -14,6 +14,7 @@ import pytest
 
 from arctic_platform.rl.api import InvalidRequestError
 from arctic_rl_tinker.frontend import TinkerFrontend
+from arctic_rl_tinker.gpu_seats import NoGpuRoomError
 from arctic_rl_tinker.lora_models import check_base_model, lora_section
 
 
@@ -60,8 +61,9 @@ def model_dir(tmp_path):
     return str(tmp_path)
 
 
-def _frontend(**options: Any) -> tuple[TinkerFrontend, RecordingServer]:
+def _frontend(gpus: int = 1, **options: Any) -> tuple[TinkerFrontend, RecordingServer]:
     server = RecordingServer()
+    server.num_gpus = gpus
     return TinkerFrontend(server, **options), server  # type: ignore[arg-type]
 
 
@@ -195,7 +197,7 @@ def test_training_calls_name_the_models_adapter_and_load_state_asks_for_a_fresh_
 
 
 def test_models_of_one_base_and_shape_share_one_pool_until_the_last_one_goes(model_dir):
-    frontend, server = _frontend()
+    frontend, server = _frontend(gpus=2)  # a GPU a pool: two shapes side by side
     try:
         sessions = [frontend.create_session() for _ in range(3)]
         for session in sessions:
@@ -206,6 +208,13 @@ def test_models_of_one_base_and_shape_share_one_pool_until_the_last_one_goes(mod
         assert len({m.adapter for m in models}) == 3
         _wait(frontend.create_model(sessions[0], 1, model_dir, {"rank": 16}))
         assert len(server.sent("initialize")) == 4  # another shape: a pool of its own
+        groups = [p.get("colocation_group") for p in server.sent("initialize")]
+        assert groups == ["tinker-gpu-0"] * 2 + ["tinker-gpu-1"] * 2  # on a GPU each
+        with pytest.raises(NoGpuRoomError, match="rank 32"):  # a third shape: no GPU left
+            frontend.create_model(sessions[0], 2, model_dir, {"rank": 32})
+        assert len(server.sent("initialize")) == 4 and f"{sessions[0]}:train:2" not in (
+            frontend.models
+        )
         frontend.finish_session(sessions[1])
         removed = server.sent("remove_adapter")
         assert {(p["job_id"], p["adapter"]) for p in removed} == {
@@ -254,7 +263,7 @@ def test_a_pool_whose_jobs_fail_fails_its_models_and_the_next_model_starts_a_new
 
 
 def test_a_base_sampler_moves_to_another_pool_of_its_base_when_its_pool_goes(model_dir):
-    frontend, _ = _frontend()
+    frontend, _ = _frontend(gpus=2)  # two shapes: a GPU each
     try:
         first, second = frontend.create_session(), frontend.create_session()
         _wait(frontend.create_model(first, 0, model_dir, {"rank": 8}))

@@ -37,3 +37,24 @@ def test_the_manager_refuses_a_fourth_live_colocated_job_and_takes_one_after_a_d
     manager.create("sampling", {**config, "colocate": False})  # a GPU of its own: no check
     jobs[1].set_state(jobs[1].state.__class__.TERMINATED, reason="destroyed")
     manager.create("sampling", config)  # the destroyed job's place
+
+
+def test_colocation_groups_count_their_own_workers_and_are_kept_in_the_job_table(
+    tmp_path, monkeypatch
+):
+    from arctic_platform.rl.server.job_state import Job
+
+    manager = JobManager(tmp_path)
+    monkeypatch.setattr(manager, "_start_thread", lambda job: None)  # no Ray: placement only
+    config = {"model_name": "m", "colocate": True, "training_gpus": 1, "sampling_gpus": 1}
+    for _ in range(3):
+        manager.create("sampling", config, colocation_group="gpu-0")
+    with pytest.raises(InvalidRequestError, match="bundle 0 already holds 3"):
+        manager.create("sampling", config, colocation_group="gpu-0")
+    other = manager.create("training", config, colocation_group="gpu-1")  # its own bundles
+    default = manager.create("training", config)  # the server's default set is a third one
+    assert (other.colocation_group, default.colocation_group) == ("gpu-1", None)
+    assert Job.from_record(other.record()).colocation_group == "gpu-1"
+    assert other.describe()["colocation_group"] == "gpu-1"
+    with pytest.raises(InvalidRequestError, match="colocate=true"):
+        manager.create("training", {**config, "colocate": False}, colocation_group="gpu-2")

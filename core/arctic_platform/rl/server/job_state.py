@@ -50,6 +50,7 @@ _RECORD_AS_IS = (
     "synced_adapter",
     "adapter_versions",
     "global_step",
+    "colocation_group",
     "restarts",
     "created_at",
     "updated_at",
@@ -99,6 +100,8 @@ class Job:
     listener: Callable[[Job], None] | None = field(default=None, repr=False)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     """Per worker (rank or replica order): its node's address and Ray node id."""
+    colocation_group: str | None = None
+    """A colocated job's set of shared GPU bundles (None: the server's default set)."""
 
     def node_of(self, index: int) -> str:
         """The address of worker ``index``'s node, or ``unknown``."""
@@ -189,6 +192,7 @@ class Job:
             "restarts": self.restarts,
             "model_name": self.config.get("model_name"),
             "colocate": bool(self.config.get("colocate")),
+            "colocation_group": self.colocation_group,
             "latest_checkpoint": self.latest_checkpoint,
             "checkpoints": self.saved_checkpoints(),
             "created_at": self.created_at,

@@ -58,6 +58,7 @@ class JobRecord(BaseModel):
     synced_adapter: str | None = None
     adapter_versions: dict[str, int] = Field(default_factory=dict)
     global_step: int = Field(default=0, ge=0)
+    colocation_group: str | None = None
     restarts: int = Field(default=0, ge=0)
     request_ids: list[RequestIdRecord] = Field(default_factory=list)
     created_at: float

@@ -239,8 +239,11 @@ class JobManager:
 
     # --- creation -----------------------------------------------------------------------
 
-    def create(self, job_type: str, config: dict[str, Any]) -> Job:
-        """Register a new job and start placing it in the background; returns at once."""
+    def create(
+        self, job_type: str, config: dict[str, Any], *, colocation_group: str | None = None
+    ) -> Job:
+        """Register a new job and start placing it in the background; returns at once.
+        ``colocation_group`` (colocated jobs only) names the shared bundles it joins."""
         from pydantic import ValidationError
 
         from arctic_platform.rl.config import ArcticRLClientConfig
@@ -270,18 +273,26 @@ class JobManager:
                 f"the config gives the {job_type} job {num_gpus} GPUs "
                 f"({job_type}_gpus); it needs at least 1"
             )
+        if colocation_group is not None and not parsed.colocate:
+            raise InvalidRequestError(
+                f"colocation_group {colocation_group!r} names shared GPU bundles, which only "
+                "colocated jobs use; set colocate=true in the config or leave it out"
+            )
         check_cluster_has(job_type, parsed)
         with self._lock:
             if parsed.colocate:
                 holders = [
                     j.num_gpus
                     for j in self.jobs.values()
-                    if j.config.get("colocate") and not j.state.terminal
+                    if j.config.get("colocate")
+                    and not j.state.terminal
+                    and j.colocation_group == colocation_group
                 ]
                 check_colocated_room(num_gpus, holders)
             job_id = self._next_id
             self._next_id += 1
             job = Job(job_id, job_type, engine, parsed.model_dump(mode="json"), num_gpus)
+            job.colocation_group = colocation_group
             job.weights_from = "model_name" if job_type != "training" else None
             job.listener = self.persist
             self.jobs[job_id] = job
@@ -454,17 +465,19 @@ class JobManager:
                 job.set_state(JobState.TERMINATED, reason="destroyed")
             self._release(job)
         if job.config.get("colocate"):
-            self._drop_unused_colocation_group()
+            self._drop_unused_colocation_group(job.colocation_group)
         return job
 
-    def _drop_unused_colocation_group(self) -> None:
-        """Free the shared bundles once no colocated job is left, so the next may size them."""
+    def _drop_unused_colocation_group(self, group: str | None) -> None:
+        """Free a set of shared bundles once no colocated job of it is left, so the next may
+        size them (and other groups may take its GPUs)."""
         with self._lock:
             live = any(
-                j.config.get("colocate") and not j.state.terminal for j in self.jobs.values()
+                j.config.get("colocate") and not j.state.terminal and j.colocation_group == group
+                for j in self.jobs.values()
             )
             if not live:
-                self._placement.remove_shared()
+                self._placement.remove_shared(group)
 
     def stop_all(self) -> None:
         """Stop every job's workers and leave the job table as it is (for ``--resume``)."""
@@ -488,7 +501,7 @@ class JobManager:
                 except Exception as exc:
                     logger.warning("job %d: close failed: %s", job.job_id, exc)
             self._release(job)
-        self._placement.remove_shared()
+        self._placement.remove_shared(every=True)
 
     def destroy_all(self) -> None:
         """Destroy every job that is not finished yet."""
@@ -497,4 +510,4 @@ class JobManager:
                 self.destroy(job_id)
             except Exception as exc:
                 logger.warning("destroying job %d failed: %s", job_id, exc)
-        self._placement.remove_shared()
+        self._placement.remove_shared(every=True)

@@ -64,15 +64,16 @@ def check_colocated_room(num_gpus: int, holders: list[int]) -> None:
 
 
 class Placement:
-    """Placement groups for jobs; colocated jobs share one group sized by the first of them.
+    """Placement groups for jobs; colocated jobs share a group per colocation group name
+    (None: the server's default one), sized by the first of them.
 
     ``lock`` is the job manager's, so a shared group is never made and freed at once.
     """
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
-        self._colocation_group: Any = None
-        self._colocation_bundles = 0
+        self._shared: dict[str | None, tuple[Any, int]] = {}
+        """Per colocation group name: its placement group and bundle count."""
 
     def for_job(self, job: Job) -> tuple[Any, list[float]]:
         """A placement group for ``job`` and the GPU fraction each of its workers asks for."""
@@ -85,30 +86,36 @@ class Placement:
                     job.config.get("sampling_gpus", 0),
                     job.config.get("log_prob_gpus", 0),
                 )
-                if self._colocation_group is None:
+                name = job.colocation_group
+                if name not in self._shared:
                     bundles = [{"GPU": 1.0} for _ in range(need)]
-                    self._colocation_group = placement_group(bundles, strategy="PACK")
-                    self._colocation_bundles = need
-                elif need > self._colocation_bundles:
+                    self._shared[name] = (placement_group(bundles, strategy="PACK"), need)
+                group, size = self._shared[name]
+                if need > size:
+                    which = "" if name is None else f" of colocation group {name!r}"
                     raise InvalidRequestError(
-                        f"colocated jobs share {self._colocation_bundles} GPU bundles; this "
-                        f"config asks for {need}"
+                        f"colocated jobs{which} share {size} GPU bundles; this config asks "
+                        f"for {need}"
                     )
                 job.owns_placement_group = False
-                return self._colocation_group, [COLOCATED_GPU_FRACTION] * job.num_gpus
+                return group, [COLOCATED_GPU_FRACTION] * job.num_gpus
         bundles = [{"GPU": 1.0} for _ in range(job.num_gpus)]
         return placement_group(bundles, strategy="PACK"), [1.0] * job.num_gpus
 
-    def remove_shared(self) -> None:
-        """Free the colocated jobs' shared group (callers check that no such job is left)."""
-        if self._colocation_group is not None:
-            from ray.util.placement_group import remove_placement_group
+    def remove_shared(self, name: str | None = None, *, every: bool = False) -> None:
+        """Free colocated jobs' shared group ``name`` (``every``: all of them); callers check
+        that no job of it is left."""
+        from ray.util.placement_group import remove_placement_group
 
+        names = list(self._shared) if every else [name]
+        for key in names:
+            entry = self._shared.pop(key, None)
+            if entry is None:
+                continue
             try:
-                remove_placement_group(self._colocation_group)
+                remove_placement_group(entry[0])
             except Exception:
                 pass
-            self._colocation_group = None
 
 
 __all__ = [

@@ -240,7 +240,9 @@ class RLServer(CheckpointOps):
             if ignored:
                 logger.debug("training_config: ignoring extra fields %s", ignored)
         check_checkpoint_path(request.config)
-        job = self.jobs.create(request.job_type, request.config)
+        job = self.jobs.create(
+            request.job_type, request.config, colocation_group=request.colocation_group
+        )
         return {"job_id": job.job_id, "state": job.state.value}
 
     def destroy(self, request: wire.JobRequest) -> dict[str, Any]:

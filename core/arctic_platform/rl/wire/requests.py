@@ -63,6 +63,15 @@ class InitializeRequest(_Request):
 
     job_type: JobType
     config: dict[str, Any]
+    colocation_group: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="Colocated jobs only (config colocate=true): the set of shared GPU bundles "
+        "the job joins; jobs of one name share theirs, other names get their own (default: "
+        "the server's one shared set).",
+    )
 
 
 class JobRequest(_Request):
