@@ -254,3 +254,77 @@ def test_over_the_ray_transport_the_routes_are_http_beside_the_server_actor(rl):
     assert len(rl.session_trajectory(handle.session_id)["turns"]) == 1
     assert handle.session_id in {s["session_id"] for s in rl.list_sessions()}
     rl.close_session(handle.session_id)
+
+
+def test_malformed_inputs_are_openai_400s_on_the_real_server_and_it_keeps_answering(rl):
+    """Issue 33 item 4 through the real server: tools that are not named functions with a
+    JSON schema (tool_choice auto), a seed past 64 bits, a 5 MB message (refused before it is
+    tokenized), max_tokens past the context; each an OpenAI 400, the session answering after."""
+    handle = rl.open_session()
+    client = _openai(handle)
+    user = [{"role": "user", "content": "hi"}]
+    bad_tools = [
+        {"type": "function", "function": {"parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "f", "parameters": "an object"}},
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}},
+    ]
+    requests: list[dict[str, Any]] = [
+        {"messages": user, "tools": [tool], "tool_choice": "auto"} for tool in bad_tools
+    ]
+    requests += [
+        {"messages": user, "seed": 2**64},
+        {"messages": [{"role": "user", "content": "7 " * 2_500_000}]},
+        {"messages": user, "max_tokens": 10**6},
+    ]
+    for request in requests:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=handle.model, **{"max_tokens": 4, **request})
+        assert refused.value.body["type"] == "invalid_request_error"
+    answer = client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert len(rl.session_trajectory(handle.session_id)["turns"]) == 1
+    rl.close_session(handle.session_id)
+
+
+def test_twenty_concurrent_requests_on_one_session_keep_each_conversation_in_its_segment(rl):
+    """Ten two-turn conversations at once on one session (20 requests in flight together):
+    each conversation's second turn continues its own first turn's ids, in its segment."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    handle = rl.open_session(ttl=600)
+    client = _openai(handle)
+
+    def talk(number: int) -> tuple[list[int], list[int], list[int]]:
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": f"conversation {number}: the key {number * 1111}"}
+        ]
+        first = client.chat.completions.create(
+            model=handle.model, messages=messages, max_tokens=6, temperature=1.0,
+            seed=number, extra_body=EXTRA,
+        )  # fmt: skip
+        messages += [_assistant(first.choices[0].message), {"role": "user", "content": "and?"}]
+        second = client.chat.completions.create(
+            model=handle.model, messages=messages, max_tokens=6, extra_body=EXTRA
+        )
+        return (
+            first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"],
+            second.model_extra["prompt_token_ids"],
+            second.choices[0].model_extra["token_ids"],
+        )
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        talks = list(pool.map(talk, range(10)))
+    trajectory = rl.session_trajectory(handle.session_id)
+    turns = trajectory["turns"]
+    assert len(turns) == 20
+    segments = {}
+    for head, prompt2, _ in talks:
+        assert prompt2[: len(head)] == head  # turn 2 extends exactly its own turn 1
+        (second,) = [t for t in turns if t["prompt_ids"] == prompt2]
+        first = turns[second["parent"]]
+        assert first["prompt_ids"] + first["completion_ids"] == head
+        assert second["segment"] == first["segment"] and not second["prefix_break"]
+        segments[second["segment"]] = head
+    assert len(segments) == 10  # one segment per conversation
+    assert len(trajectory["rows"]) == 10
+    rl.close_session(handle.session_id)
