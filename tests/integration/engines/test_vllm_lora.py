@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from engine_reference import max_diff, reference_log_probs
+from engine_reference import max_diff, random_peft_model, reference_log_probs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -44,21 +44,10 @@ def lora_config(vllm_test_config: Any) -> Any:
 def peft_adapter(model_path: str, seed: int) -> tuple[Any, dict[str, Any]]:
     """A peft model on the tiny base with random lora_B (default targets, lm_head included),
     and its export: the tensors a LoRA trainer syncs."""
-    import transformers
-
     from arctic_platform.rl.api import LoraConfig as ArcticLora
 
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     targets = ArcticLora(rank=RANK).target_modules
-    config = peft.LoraConfig(
-        r=RANK, lora_alpha=ALPHA, target_modules=targets, lora_dropout=0.0, bias="none"
-    )
-    model = peft.get_peft_model(base, config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
+    model = random_peft_model(model_path, RANK, ALPHA, targets, seed)
     exported = peft.get_peft_model_state_dict(model, save_embedding_layers=False)
     return model.eval(), {k: v.detach().clone() for k, v in exported.items()}
 

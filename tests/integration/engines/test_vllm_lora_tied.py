@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from engine_reference import max_diff, reference_log_probs
+from engine_reference import max_diff, random_peft_model, reference_log_probs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -29,23 +29,6 @@ def tied_qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     path = tmp_path_factory.mktemp("models") / "tiny-qwen2-tied"
     return str(build_tiny_model(path, arch="qwen2", tie_word_embeddings=True))
-
-
-def _peft_model(model_path: str, rank: int, targets: list[str], seed: int) -> Any:
-    import transformers
-
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    assert base.config.tie_word_embeddings
-    config = peft.LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0, bias="none"
-    )
-    model = peft.get_peft_model(base, config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
-    return model.eval()
 
 
 def _scores(model: Any) -> list[list[float]]:
@@ -81,7 +64,8 @@ def test_an_adapter_on_the_tied_lm_head_serves_the_log_probs_peft_computes(
     rank, scorer = ranked_scorer
     targets = list(ArcticLora(rank=rank).target_modules)
     assert "lm_head" in targets
-    model = _peft_model(tied_qwen2, rank, targets, seed=rank)
+    model = random_peft_model(tied_qwen2, rank, 2.0 * rank, targets, seed=rank).eval()
+    assert model.config.tie_word_embeddings
     exported = peft.get_peft_model_state_dict(model, save_embedding_layers=False)
     assert any(".lm_head.lora_" in name for name in exported)
     scorer.load_adapter(f"tied{rank}", 1, exported.items())
