@@ -76,3 +76,14 @@ def test_the_pool_share_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv(POOL_GPUS_ENV, bad)
         with pytest.raises(ServeError, match=POOL_GPUS_ENV):
             pool_gpus(4)
+
+
+def test_the_servers_gpus_are_its_ray_clusters_when_it_knows_them():
+    from types import SimpleNamespace
+
+    from arctic_rl_tinker.gpu_seats import server_gpus
+
+    attached = SimpleNamespace(num_gpus=0, cluster=SimpleNamespace(resources={"GPU": 8.0}))
+    assert server_gpus(attached) == 8  # an attached GPU cluster: its own count
+    assert server_gpus(SimpleNamespace(num_gpus=2, cluster=None)) == 2  # before start
+    assert server_gpus(SimpleNamespace(num_gpus=0)) == 1

@@ -28,7 +28,7 @@ from arctic_rl_tinker.futures import (
     failure,
     run_into,
 )
-from arctic_rl_tinker.gpu_seats import GpuSeats, Seat
+from arctic_rl_tinker.gpu_seats import GpuSeats, Seat, server_gpus
 from arctic_rl_tinker.losses import PREFIX, TINKER_LOSSES
 from arctic_rl_tinker.pools import (
     Pool,
@@ -76,7 +76,7 @@ class TinkerFrontend(SamplingMixin):
     ) -> None:
         self.server = server
         self.full_fine_tuning = full_fine_tuning
-        total = int(getattr(server, "num_gpus", 1) or 1)
+        total = server_gpus(server)
         self.gpus = gpus or Gpus.from_total(total)  # a full-fine-tuning model's jobs
         self.seats = GpuSeats(total, pool_gpus)  # LoRA pools and base samplers
         self.job_ready_timeout = job_ready_timeout

@@ -37,6 +37,17 @@ class NoGpuRoomError(ArcticRLError):
     )
 
 
+def server_gpus(server: object) -> int:
+    """The GPUs the server's jobs are placed on: its Ray cluster's (an attached cluster's own
+    count), else ``--num-gpus``; at least 1."""
+    cluster = getattr(server, "cluster", None)
+    resources = getattr(cluster, "resources", None) or {}
+    gpus = resources.get("GPU") if isinstance(resources, dict) else None
+    if gpus:
+        return max(int(gpus), 1)
+    return max(int(getattr(server, "num_gpus", 1) or 1), 1)
+
+
 @dataclass(frozen=True)
 class Seat:
     """Where one pool's (or base sampler's) jobs go: their GPU counts and colocation group
@@ -127,4 +138,4 @@ class GpuSeats:
         )
 
 
-__all__ = ["BUNDLE_WORKERS", "GpuSeats", "NoGpuRoomError", "Seat"]
+__all__ = ["BUNDLE_WORKERS", "GpuSeats", "NoGpuRoomError", "Seat", "server_gpus"]

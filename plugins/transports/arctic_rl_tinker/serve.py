@@ -8,6 +8,7 @@ import os
 from arctic_platform.rl.api import RLServer, ServeError, check_serve_token, serve_http
 from arctic_rl_tinker.app import build_app
 from arctic_rl_tinker.frontend import TinkerFrontend
+from arctic_rl_tinker.gpu_seats import server_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def serve(
             "a full training and sampling job, and LoRA-tuned learning rates are ~10x too high)",
             FULL_FINE_TUNING_ENV,
         )
-    share = pool_gpus(int(getattr(server, "num_gpus", 1) or 1))
+    share = pool_gpus(server_gpus(server))
     frontend = TinkerFrontend(server, full_fine_tuning=full, pool_gpus=share)
     try:
         app = build_app(frontend, token)
