@@ -12,6 +12,7 @@ not the model's skill.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -277,9 +278,12 @@ def test_malformed_inputs_are_openai_400s_on_the_real_server_and_it_keeps_answer
         {"messages": user, "max_tokens": 10**6},
     ]
     for request in requests:
+        started = time.perf_counter()
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model=handle.model, **{"max_tokens": 4, **request})
         assert refused.value.body["type"] == "invalid_request_error"
+        size = len(json.dumps(request))
+        print(f"{size} B request: 400 in {time.perf_counter() - started:.3f} s")
     answer = client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert len(rl.session_trajectory(handle.session_id)["turns"]) == 1
