@@ -231,3 +231,32 @@ def _session_request(sid: str) -> Any:
     from arctic_platform.rl.wire.operations import BY_NAME
 
     return BY_NAME["session_trajectory"].request(session_id=sid)
+
+
+def test_the_turn_a_request_continues_is_found_along_a_chain_of_three_thousand_requests():
+    """No recursion along the conversation (Python's limit is 1000 frames)."""
+    from arctic_platform.rl.agents.lineage import chat_parent
+    from arctic_platform.rl.agents.models import (
+        AssistantMessage,
+        RequestRecord,
+        SessionState,
+        SessionTurn,
+    )
+
+    state = SessionState(session_id="s", model="m")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(3000):
+        answer = AssistantMessage(content=f"a{n}")
+        state.turns.append(
+            SessionTurn(
+                index=n, segment=0, parent=n - 1 if n else None, prompt_ids=[1],
+                completion_ids=[2], completion_log_probs=[-0.5], message=answer,
+                finish_reason="stop",
+            )
+        )  # fmt: skip
+        added = messages if n == 0 else messages[-1:]
+        state.requests.append(RequestRecord(turns=[n], parent=n - 1 if n else None, messages=added))
+        messages = [*messages, answer.to_openai(), {"role": "user", "content": "."}]
+    turn, continued, reason = chat_parent(state, messages, None)
+    assert reason is None and turn is not None and turn.index == 2999
+    assert continued == len(messages) - 2

@@ -53,10 +53,17 @@ def chat_parent(
     lengths: dict[int, int] = {}
 
     def length(request: int) -> int:  # messages the request sent, without rebuilding them
-        if request not in lengths:
-            record = state.requests[request]
-            base = 0 if record.parent is None else length(owner[record.parent]) + 1
-            lengths[request] = base + len(record.messages)
+        chain = []  # the request and its ancestors not counted yet (no recursion: long chains)
+        at: int | None = request
+        while at is not None and at not in lengths:
+            chain.append(at)
+            parent = state.requests[at].parent
+            at = None if parent is None else owner[parent]
+        base = 0 if at is None else lengths[at]
+        for r in reversed(chain):
+            record = state.requests[r]
+            base = (0 if record.parent is None else base + 1) + len(record.messages)
+            lengths[r] = base
         return lengths[request]
 
     best: tuple[SessionTurn | None, int] = (None, -1)
