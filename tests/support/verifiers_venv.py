@@ -92,7 +92,7 @@ def ensure(log: bool = False) -> Path:
             print(f"==> building {venv} ({SPEC})", file=sys.stderr, flush=True)
         _run([sys.executable, "-m", "venv", str(venv)])
         pip = [str(venv_python(venv)), "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", "--quiet", "--no-compile", SPEC])  # compiled when imported
+        _run([*pip, "install", "--quiet", SPEC])
         (venv / STAMP_NAME).write_text(_stamp_text())
     return venv_python(venv)
 
