@@ -27,6 +27,13 @@ class Rollouts:
         """Each row's completion ids."""
         return [row[p:] for row, p in zip(self.input_ids, self.prompt_lengths, strict=True)]
 
+    def rollout_log_probs(self) -> list[list[float]]:
+        """The sampler's log-probs as a per-token batch field (0.0 over each prompt)."""
+        return [
+            [0.0] * p + list(values)
+            for p, values in zip(self.prompt_lengths, self.sampled, strict=True)
+        ]
+
     def batch(self, **extra: Any) -> dict[str, Any]:
         """A ``fwd_bwd`` batch of the rows, masks and alternating advantages (``extra`` added)."""
         advantages = [1.0 if i % 2 else -1.0 for i in range(len(self.input_ids))]

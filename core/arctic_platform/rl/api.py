@@ -72,7 +72,7 @@ from arctic_platform.rl.interfaces import (
     TrainingEngine,
 )
 from arctic_platform.rl.lazy_names import lazy_names
-from arctic_platform.rl.losses import LossOutput, aggregate
+from arctic_platform.rl.losses import MISMATCH_METRICS, LossOutput, aggregate, mismatch_metrics
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
@@ -163,6 +163,7 @@ __all__ = [
     "ENGINE_ROLES",
     "FRAME_CONTENT_TYPE",
     "LORA_RANKS",
+    "MISMATCH_METRICS",
     "OPERATIONS",
     "PER_TOKEN_FIELDS",
     "SESSION_HEADER",
@@ -256,6 +257,7 @@ __all__ = [
     "is_loopback",
     "is_loopback_address",
     "listening_socket",
+    "mismatch_metrics",
     "not_implemented_yet",
     "openai_error",
     "prepare_ray",

@@ -26,16 +26,17 @@ BATCH_FIELDS = (
     "advantages",
     "old_log_probs",
     "ref_log_probs",
+    "rollout_log_probs",
     "target_tokens",
 )
 """The fields a batch may hold (``attention_mask`` is also read, for dense ``input_ids``)."""
-PER_TOKEN_FIELDS = ("loss_mask", "old_log_probs", "ref_log_probs")
+PER_TOKEN_FIELDS = ("loss_mask", "old_log_probs", "ref_log_probs", "rollout_log_probs")
 """Float fields with one value per token of ``input_ids``. ``weights`` is another name for
 ``loss_mask`` (per-token loss weights); ``target_tokens[i]`` (for i >= 1), when given, is the
 token whose log-prob entry ``i`` scores instead of ``input_ids[i]``: ``log p(target_i | x_<i)``."""
 TOKEN_FIELDS = ("input_ids", "target_tokens")
 """Integer fields: token ids, one per position."""
-FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs")
+FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs", "rollout_log_probs")
 """Float fields as stored (``advantages`` always per token, expanded from per sequence)."""
 _ACCEPTED = (*BATCH_FIELDS, "attention_mask")
 

@@ -6,7 +6,9 @@ per micro-batch as ``loss_fn(log_probs, batch, **config)``.
 - ``log_probs``: float tensor ``[B, T]`` with grad, entry ``i`` = ``log p(x_i | x_<i)``; 0 in
   column 0 and on right padding.
 - ``batch``: tensors ``[B, T]`` ``input_ids``, ``loss_mask`` (0 on padding), ``advantages``,
-  and when given ``old_log_probs``, ``ref_log_probs``; ``entropy`` when the loss asks for it;
+  and when given ``old_log_probs`` (the policy the update is measured against),
+  ``ref_log_probs`` and ``rollout_log_probs`` (the sampler's own, as it sampled);
+  ``entropy`` when the loss asks for it;
   plus the floats ``num_tokens`` and ``num_seqs``: the loss-mask sum and the number of rows
   with a trained token in the WHOLE batch, over every micro-batch and rank.
 - It returns a ``LossOutput``: ``loss`` is this micro-batch's share of the global mean (so the
@@ -111,6 +113,53 @@ def kl_penalty(
     raise LossConfigError(f"kl_estimator {estimator!r} is not one of {list(KL_ESTIMATORS)}")
 
 
+MISMATCH_METRICS = (
+    "mismatch_k1",
+    "mismatch_k2",
+    "mismatch_k3",
+    "mismatch_ratio",
+    "mismatch_chi2",
+    "rollout_log_ppl",
+    "train_log_ppl",
+)
+"""What ``mismatch_metrics`` reports (each a masked token mean: ``{name}.sum``/``.tokens``)."""
+
+
+def mismatch_metrics(
+    train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, weights: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The sampler/trainer mismatch over the loss-mask tokens, as ``(sum, count)`` pairs.
+
+    With ``d = rollout - train`` log-probs per token (tokens drawn by the sampler, policy mu;
+    the trainer's policy pi) and ``r = pi/mu = exp(-d)``: ``mismatch_k1`` = d (its mean
+    estimates KL(mu||pi), Tinker's ``kl_sample_train_v1``), ``mismatch_k2`` = d^2/2
+    (``_v2``), ``mismatch_k3`` = r - 1 + d (unbiased, >= 0), ``mismatch_ratio`` = r,
+    ``mismatch_chi2`` = (r - 1)^2 (token-level chi-square), ``rollout_log_ppl`` = -rollout
+    and ``train_log_ppl`` = -train (their means are log-perplexities). Computed in float64
+    with ``expm1`` (engines that agree differ by ~1e-7, whose k3 of ~1e-14 float32 would
+    round to noise of either sign); ``d`` is clamped to +-20. No gradient flows through them.
+    """
+    import torch
+
+    with torch.no_grad():
+        selected = weights != 0
+        train = train_log_probs.detach().to(torch.float64)
+        rollout = rollout_log_probs.detach().to(torch.float64)
+        d = torch.where(selected, rollout - train, torch.zeros_like(train))
+        d = d.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        r_minus_1 = torch.expm1(-d)
+        values = {
+            "mismatch_k1": d,
+            "mismatch_k2": 0.5 * d * d,
+            "mismatch_k3": r_minus_1 + d,
+            "mismatch_ratio": r_minus_1 + 1.0,
+            "mismatch_chi2": r_minus_1 * r_minus_1,
+            "rollout_log_ppl": -rollout,
+            "train_log_ppl": -train,
+        }
+        return {name: token_metric(values[name], weights) for name in MISMATCH_METRICS}
+
+
 class BuiltinLoss:
     """Shared machinery of the built-in losses: defaults, key checks, KL and entropy terms."""
 
@@ -192,6 +241,12 @@ class BuiltinLoss:
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         weights = batch["loss_mask"]
+        rollout = batch.get("rollout_log_probs")
+        if rollout is not None:  # measured against the old policy (decoupled), else this one
+            train = batch.get("old_log_probs")
+            metrics.update(
+                mismatch_metrics(log_probs if train is None else train, rollout, weights)
+            )
         kl_coef = float(config.get("kl_coef", 0.0))
         if kl_coef:
             if batch.get("ref_log_probs") is None:

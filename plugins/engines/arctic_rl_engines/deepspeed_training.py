@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-_FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs")
+_FLOAT_FIELDS = ("loss_mask", "advantages", "old_log_probs", "ref_log_probs", "rollout_log_probs")
 """The float fields of a ``Batch`` a loss may read (``target_tokens`` is the token field)."""
 SLEEP_UNSUPPORTED = (
     "sleep/wake are not implemented for the DeepSpeed training engine: on CPU there is no "

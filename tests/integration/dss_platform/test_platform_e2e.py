@@ -166,8 +166,11 @@ def test_the_whole_loop_runs_through_the_platform(alice):
     trainer = assert_log_prob_job_agrees(alice, rows)
 
     norm_before = alice.weight_norm()["training"]
-    metrics = alice.fwd_bwd(rows.batch(old_log_probs=trainer))
+    metrics = alice.fwd_bwd(
+        rows.batch(old_log_probs=trainer, rollout_log_probs=rows.rollout_log_probs())
+    )
     assert "loss" in metrics
+    assert 0.0 <= metrics["mismatch_k3"] < 1e-4  # sampler vs trainer, same fp32 weights
     assert alice.step()["global_step"] == 1
     assert alice.weight_norm()["training"] != norm_before
 

@@ -65,9 +65,16 @@ def test_before_any_sync_every_job_serves_the_base_model(lora):
 def test_fwd_bwd_step_and_an_adapter_only_sync_reach_every_job(lora):
     client, notes = lora
     rows = notes["rows"]
-    for _ in range(3):
-        metrics = client.fwd_bwd(rows.batch(old_log_probs=notes["base"]), loss_fn="grpo")
+    for step in range(3):
+        batch = rows.batch(old_log_probs=notes["base"], rollout_log_probs=rows.rollout_log_probs())
+        metrics = client.fwd_bwd(batch, loss_fn="grpo")
         assert "loss" in metrics
+        # the sampler's own log-probs beside the old ones: the mismatch of the same weights
+        # (fp32 on both sides) is at the 1e-6 level, and k3 >= 0
+        assert 0.0 <= metrics["mismatch_k3"] < 1e-4 and abs(metrics["mismatch_k1"]) < 1e-3
+        assert metrics["mismatch_ratio"] == pytest.approx(1.0, abs=1e-3)
+        if step == 0:
+            print(f"LoRA base, vLLM vs DeepSpeed: k3 {metrics['mismatch_k3']:.2e}")
         client.step()
     synced = client.sync_weights()
     assert synced["adapter"] == "default" and synced["weight_version"] == 1
