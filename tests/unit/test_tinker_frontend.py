@@ -247,3 +247,22 @@ def test_a_key_that_keeps_getting_items_still_goes_at_its_window():
     pool.shutdown(wait=False)
     assert batches[0][1] == list(range(len(batches[0][1])))
     assert len(batches[0][1]) < 100
+
+
+def test_losses_given_the_samplers_log_probs_report_the_mismatch_and_the_answer_names_it():
+    """importance_sampling's sampler log-probs (``old_log_probs``, Tinker's ``logprobs``)
+    against the log-probs being trained: k1 is Tinker's ``kl_sample_train_v1``."""
+    from tinker.proto.response_conv import deserialize_forward_backward_output
+
+    out = _loss("importance_sampling")
+    trained = [(1, -1.0, -1.2), (2, -2.0, -1.5), (3, -0.5, -0.5)]  # (position, lp, sampler)
+    k1 = sum(q - lp for _, lp, q in trained) / 3
+    total, count = out.metrics["mismatch_k1"]
+    assert float(total) / float(count) == pytest.approx(k1)
+    assert "mismatch_k1" not in _loss("cross_entropy").metrics  # no sampler log-probs
+    batch = convert.parse_forward_backward(_request([_datum([1, 2], [2, 3])]))
+    result = {"loss.sum": 1.0, "log_probs": [[0.0, -1.0, -2.0]], "mismatch_k1": k1}
+    result["mismatch_k3"] = 0.01
+    answer = deserialize_forward_backward_output(convert.forward_backward_output(batch, result))
+    assert answer.metrics["kl_sample_train_v1:mean"] == pytest.approx(k1, rel=1e-6)
+    assert answer.metrics["mismatch_k3:mean"] == pytest.approx(0.01)

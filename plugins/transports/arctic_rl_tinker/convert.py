@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from arctic_platform.rl.api import InvalidRequestError
+from arctic_platform.rl.api import MISMATCH_METRICS, InvalidRequestError
 
 KNOWN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages")
 """``loss_fn_inputs`` this front-end maps; any other key is refused (400)."""
@@ -157,12 +157,24 @@ def _forward_backward_batch(request: Any) -> Batch:
     return out
 
 
+TINKER_METRIC_NAMES = {
+    "mismatch_k1": "kl_sample_train_v1:mean",
+    "mismatch_k2": "kl_sample_train_v2:mean",
+}
+"""Our mismatch metrics under the names Tinker's cookbook gives them (the others keep ours,
+with the ``:mean`` reduction)."""
+
+
 def forward_backward_output(batch: Batch, result: dict[str, Any]) -> bytes:
-    """Our fwd_bwd answer as a ``ForwardBackwardOutput`` protobuf (logprobs per datum)."""
+    """Our fwd_bwd answer as a ``ForwardBackwardOutput`` protobuf (logprobs per datum, the
+    summed loss and, for losses given the sampler's log-probs, the mismatch token means)."""
     pb = _pb()
     msg = pb.ForwardBackwardOutput()
     msg.loss_fn_output_type = "ArrayRecord"
     msg.metrics["loss:sum"] = float(result.get("loss.sum", 0.0))
+    for name in MISMATCH_METRICS:
+        if name in result:
+            msg.metrics[TINKER_METRIC_NAMES.get(name, f"{name}:mean")] = float(result[name])
     record = msg.loss_fn_outputs.add()
     record.num_datums = len(batch.lengths)
     rows = [

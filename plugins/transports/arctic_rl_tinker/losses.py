@@ -14,7 +14,9 @@ every real token when none are given), ``lp`` the trained log-prob of the target
 - dro: ``-w (lp A - beta/2 (lp - q)^2)``; ``beta`` from ``loss_fn_config`` (default 0.05)
 
 The loss is the sum of these over every token of the batch (each micro-batch returns its
-own sum; the sums add up). Importing this module does not import torch.
+own sum; the sums add up). The losses given the sampler's log-probs also report the
+sampler/trainer mismatch (``mismatch_metrics``: sampler ``q`` against the ``lp`` being
+trained). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import LossConfigError, LossOutput, LossSpec
+from arctic_platform.rl.api import LossConfigError, LossOutput, LossSpec, mismatch_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -88,7 +90,10 @@ class TinkerLoss:
         weights = batch["loss_mask"]
         terms = self.per_token(log_probs, batch, config)
         total = torch.where(weights != 0, terms * weights, torch.zeros_like(terms)).sum()
-        return LossOutput(loss=total, metrics={"loss": (total.detach(), weights.sum())})
+        metrics = {"loss": (total.detach(), weights.sum())}
+        if self.needs_sampler_log_probs:
+            metrics.update(mismatch_metrics(log_probs, batch["old_log_probs"], weights))
+        return LossOutput(loss=total, metrics=metrics)
 
 
 def _ratio(log_probs: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:

@@ -78,6 +78,40 @@ def test_step0_trainer_log_probs_equal_the_samplers(training):
     assert np.max(np.abs(np.asarray(scored[1:], dtype=np.float64) - trainer)) < 1e-3
 
 
+def test_importance_sampling_returns_the_sampler_trainer_mismatch(training):
+    """The sampler's log-probs (Tinker's ``logprobs``) against the trainer's on the same
+    weights: Tinker's ``kl_sample_train_v1`` and our k3 come back in the answer's metrics, at
+    the level of two fp32 engines agreeing (forward only: nothing is trained)."""
+    import tinker
+
+    tok = _tokenizer(training)
+    prompt = tok.encode(PROMPT)
+    sampler = training.save_weights_and_get_sampling_client().result(timeout=600)
+    params = tinker.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    result = sampler.sample(tinker.ModelInput.from_ints(prompt), 2, params).result(timeout=600)
+    data = []
+    for seq in result.sequences:
+        tokens = prompt + list(seq.tokens)
+        n = len(tokens) - 1
+        sampled = [0.0] * (len(prompt) - 1) + list(seq.logprobs)
+        inputs = {
+            "target_tokens": tinker.TensorData(data=tokens[1:], dtype="int64", shape=[n]),
+            "logprobs": tinker.TensorData(data=sampled, dtype="float32", shape=[n]),
+            "advantages": tinker.TensorData(data=[1.0] * n, dtype="float32", shape=[n]),
+            "weights": tinker.TensorData(
+                data=[0.0] * (len(prompt) - 1) + [1.0] * len(seq.tokens), dtype="float32",
+                shape=[n],
+            ),
+        }  # fmt: skip
+        data.append(tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+                                 loss_fn_inputs=inputs))  # fmt: skip
+    out = training.forward(data, "importance_sampling").result(timeout=600)
+    print("tinker importance_sampling metrics:", out.metrics)
+    assert abs(out.metrics["kl_sample_train_v1:mean"]) < 1e-3
+    assert 0.0 <= out.metrics["mismatch_k3:mean"] < 1e-4
+    assert out.metrics["mismatch_ratio:mean"] == pytest.approx(1.0, abs=1e-3)
+
+
 def test_supervised_cross_entropy_loop_lowers_the_loss(training):
     import tinker
 
