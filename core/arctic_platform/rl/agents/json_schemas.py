@@ -27,23 +27,31 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
     """``schema`` as a dict; 400 when it is not a JSON object or not a valid JSON schema."""
     if not isinstance(schema, Mapping):
         raise BadRequestError(f"{where} must be a JSON schema object, got {type(schema).__name__}")
+    reason = _schema_error(json.dumps(schema, sort_keys=True))
+    if reason is not None:
+        raise BadRequestError(f"{where} is not a valid JSON schema: {reason}")
+    return dict(schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_error(text: str) -> str | None:
+    """Why the JSON schema ``text`` is not valid against its meta-schema (None: it is); a
+    request's schemas are checked more than once (its checks, then its sampling params)."""
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
 
+    schema = json.loads(text)
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
         at = "/".join(str(p) for p in exc.path)
-        raise BadRequestError(
-            f"{where} is not a valid JSON schema: {exc.message}" + (f" (at '{at}')" if at else "")
-        ) from None
-    return dict(schema)
+        return exc.message + (f" (at '{at}')" if at else "")
+    return None
 
 
 def check_compilable(schema: Mapping[str, Any], where: str) -> None:
     """400 when ``schema`` (already valid) cannot be compiled into a decoding grammar."""
-    text = json.dumps(schema, sort_keys=True)
-    reason = _compile_error(text)
+    reason = _compile_error(json.dumps(schema, sort_keys=True))
     if reason is not None:
         raise BadRequestError(
             f"{where} cannot be enforced by constrained decoding: {reason}; simplify the schema "

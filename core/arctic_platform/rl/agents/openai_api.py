@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
 from arctic_platform.rl.agents.response_format import response_format_constraint, response_schema
-from arctic_platform.rl.agents.tool_choice import forced_tools, tool_call_constraint, tool_names
+from arctic_platform.rl.agents.tool_choice import forced_tools, tool_call_constraint
 from arctic_platform.rl.errors import BadRequestError
 from arctic_platform.rl.wire.requests import describe_errors
 
@@ -96,7 +96,6 @@ def check_chat(body: ChatCompletionBody) -> None:
     check_messages(body.messages)
     if (body.n or 1) > 1 and body.stream:
         raise BadRequestError("n > 1 is not streamed on a session; send stream=false")
-    tool_names(body.tools)
     forced_tools(body.tool_choice, body.tools)
     response_schema(body.response_format)
 

@@ -49,9 +49,9 @@ def forced_tools(
 ) -> list[Mapping[str, Any]] | None:
     """The functions a turn must call one of (None: the model is free); 400 for a choice that
     names no given tool or is not one OpenAI defines."""
+    functions = tool_names(tools)  # every tool is checked, whatever the choice (as OpenAI)
     if choice is None or (isinstance(choice, str) and choice in FREE_CHOICES):
         return None
-    functions = tool_names(tools)
     if choice == "required":
         if not functions:
             raise BadRequestError("tool_choice 'required' needs at least one tool in 'tools'")
