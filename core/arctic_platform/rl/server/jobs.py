@@ -281,13 +281,7 @@ class JobManager:
         check_cluster_has(job_type, parsed)
         with self._lock:
             if parsed.colocate:
-                holders = [
-                    j.num_gpus
-                    for j in self.jobs.values()
-                    if j.config.get("colocate")
-                    and not j.state.terminal
-                    and j.colocation_group == colocation_group
-                ]
+                holders = [j.num_gpus for j in self._live_colocated(colocation_group)]
                 check_colocated_room(num_gpus, holders)
             job_id = self._next_id
             self._next_id += 1
@@ -472,12 +466,17 @@ class JobManager:
         """Free a set of shared bundles once no colocated job of it is left, so the next may
         size them (and other groups may take its GPUs)."""
         with self._lock:
-            live = any(
-                j.config.get("colocate") and not j.state.terminal and j.colocation_group == group
-                for j in self.jobs.values()
-            )
-            if not live:
+            if not self._live_colocated(group):
                 self._placement.remove_shared(group)
+
+    def _live_colocated(self, group: str | None) -> list[Job]:
+        """The colocated jobs of colocation group ``group`` not finished yet (callers hold
+        the lock)."""
+        return [
+            j
+            for j in self.jobs.values()
+            if j.config.get("colocate") and not j.state.terminal and j.colocation_group == group
+        ]
 
     def stop_all(self) -> None:
         """Stop every job's workers and leave the job table as it is (for ``--resume``)."""
