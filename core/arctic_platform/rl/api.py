@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from arctic_platform.rl import __version__, http_common
+from arctic_platform.rl.agents.openai_api import SEED_MAX, SEED_MIN
 from arctic_platform.rl.agents.openai_stream import sse_events
 from arctic_platform.rl.batch import PER_TOKEN_FIELDS, Batch, BatchError, BatchLimits
 from arctic_platform.rl.config import (
@@ -139,6 +140,7 @@ from arctic_platform.rl.wire import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from arctic_platform.rl.server.job_table import state_path
+    from arctic_platform.rl.server.placement import WORKERS_PER_COLOCATED_BUNDLE
     from arctic_platform.rl.server.ray_cluster import (
         driver_node_address,
         is_loopback_address,
@@ -150,6 +152,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _LAZY = {
     "RLServer": "arctic_platform.rl.server.rl_server",
     "state_path": "arctic_platform.rl.server.job_table",
+    "WORKERS_PER_COLOCATED_BUNDLE": "arctic_platform.rl.server.placement",
     "driver_node_address": "arctic_platform.rl.server.ray_cluster",
     "is_loopback_address": "arctic_platform.rl.server.ray_cluster",
     "prepare_ray": "arctic_platform.rl.server.ray_cluster",
@@ -166,7 +169,10 @@ __all__ = [
     "MISMATCH_METRICS",
     "OPERATIONS",
     "PER_TOKEN_FIELDS",
+    "SEED_MAX",
+    "SEED_MIN",
     "SESSION_HEADER",
+    "WORKERS_PER_COLOCATED_BUNDLE",
     "ArcticRLClientConfig",
     "ArcticRLError",
     "AuthError",

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.api import (
     DEFAULT_ADAPTER,
+    SEED_MAX,
+    SEED_MIN,
     EngineContext,
     InvalidRequestError,
     SamplingEngine,
@@ -29,10 +31,6 @@ MAX_N = 4096
 """Most completions one prompt may ask for (``n``)."""
 MAX_SEQUENCES = 65536
 """Most sequences (prompts x n) one generate request may ask for; more is a 422, not an OOM."""
-
-
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-"""A seed is a signed 64-bit integer (vLLM's limit; beyond it sampling fails)."""
 
 
 def _wrap_seed(seed: int) -> int:

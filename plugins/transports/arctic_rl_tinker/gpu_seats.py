@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from arctic_platform.rl.api import ArcticRLError, InvalidRequestError
+from arctic_platform.rl.api import WORKERS_PER_COLOCATED_BUNDLE, ArcticRLError, InvalidRequestError
 from arctic_rl_tinker.records import Gpus
 
 POOL_WORKERS = 2
 """Workers of a pool on its GPU (training and sampling)."""
-BUNDLE_WORKERS = 3
-"""Colocated workers one GPU bundle holds (the server's ``WORKERS_PER_COLOCATED_BUNDLE``)."""
+BUNDLE_WORKERS = WORKERS_PER_COLOCATED_BUNDLE
+"""Colocated workers one GPU bundle holds (the server's limit)."""
 
 
 class NoGpuRoomError(ArcticRLError):

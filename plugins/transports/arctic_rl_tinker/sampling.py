@@ -67,9 +67,9 @@ class SamplingMixin:
         """A sampling job of the untrained ``base_model`` (started once, kept)."""
         with self._lock:
             job_id = self._base_samplers.get(base_model)
-            seat = None
+            seat, owner = None, f"base:{base_model}"
             if job_id is None and not self.full_fine_tuning:  # GPUs of its own, or a 409 now
-                seat = self.seats.take_base(f"base:{base_model}", f"a sampler of {base_model}")
+                seat = self.seats.take_base(owner, f"a sampler of {base_model}")
         if job_id is None:
             try:
                 gpus, group = (seat.gpus, seat.group) if seat is not None else (None, None)
@@ -77,7 +77,7 @@ class SamplingMixin:
                 job_id = self._start_job("sampling", config, group)
             except BaseException:
                 with self._lock:
-                    self.seats.release(f"base:{base_model}")
+                    self.seats.release(owner)
                 raise
             with self._lock:
                 self._base_samplers[base_model] = job_id
