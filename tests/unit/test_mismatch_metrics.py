@@ -16,6 +16,7 @@ from arctic_platform.rl.losses import (  # noqa: E402
     make_grpo,
     make_importance_sampling,
     make_ppo,
+    mismatch_extrema,
     mismatch_metrics,
 )
 
@@ -43,6 +44,8 @@ def _by_hand() -> dict[str, float]:
         "mismatch_k3": sum(ri - 1 + di for ri, di in zip(r, d, strict=True)) / n,
         "mismatch_ratio": sum(r) / n,
         "mismatch_chi2": sum((ri - 1) ** 2 for ri in r) / n,
+        # per row: row 0 trains the first two pairs, row 1 the third
+        "mismatch_chi2_seq": ((r[0] * r[1]) ** 2 - 1 + r[2] ** 2 - 1) / 2,
         "rollout_log_ppl": -sum(math.log(q) for _, q in PAIRS) / n,
         "train_log_ppl": -sum(math.log(p) for p, _ in PAIRS) / n,
     }
@@ -125,3 +128,11 @@ def test_a_float32_gap_of_1e_7_gives_a_small_positive_k3_not_rounding_noise():
     d = (rollout.double() - train.double())[0]
     assert float(total) > 0
     assert float(total) == pytest.approx(float((d * d / 2).sum()), rel=1e-3)
+
+
+def test_the_ratio_extrema_are_the_least_and_greatest_trained_token_ratio():
+    low, high = mismatch_extrema(_t(TRAIN), _t(ROLLOUT), _t(MASK))["mismatch_ratio"]
+    ratios = [p / q for p, q in PAIRS]
+    assert (float(low), float(high)) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
+    empty = mismatch_extrema(_t(TRAIN), _t(ROLLOUT), torch.zeros(2, 3, dtype=torch.float64))
+    assert [float(v) for v in empty["mismatch_ratio"]] == [math.inf, -math.inf]

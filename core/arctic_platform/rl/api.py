@@ -73,7 +73,13 @@ from arctic_platform.rl.interfaces import (
     TrainingEngine,
 )
 from arctic_platform.rl.lazy_names import lazy_names
-from arctic_platform.rl.losses import MISMATCH_METRICS, LossOutput, aggregate, mismatch_metrics
+from arctic_platform.rl.losses import (
+    MISMATCH_METRICS,
+    LossOutput,
+    aggregate,
+    mismatch_extrema,
+    mismatch_metrics,
+)
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
@@ -86,6 +92,8 @@ from arctic_platform.rl.plugins import (
     not_implemented_yet,
 )
 from arctic_platform.rl.plugins.specs import CommandSpec
+from arctic_platform.rl.rollout_correction import PRESETS as ROLLOUT_CORRECTION_PRESETS
+from arctic_platform.rl.rollout_correction import effective_sample_size
 from arctic_platform.rl.run_dirs import (
     arctic_home,
     read_or_create_token,
@@ -169,6 +177,7 @@ __all__ = [
     "MISMATCH_METRICS",
     "OPERATIONS",
     "PER_TOKEN_FIELDS",
+    "ROLLOUT_CORRECTION_PRESETS",
     "SEED_MAX",
     "SEED_MIN",
     "SESSION_HEADER",
@@ -254,6 +263,7 @@ __all__ = [
     "decode_frame",
     "describe_errors",
     "driver_node_address",
+    "effective_sample_size",
     "encode_frame",
     "free_port",
     "get_registry",
@@ -263,6 +273,7 @@ __all__ = [
     "is_loopback",
     "is_loopback_address",
     "listening_socket",
+    "mismatch_extrema",
     "mismatch_metrics",
     "not_implemented_yet",
     "openai_error",

@@ -12,25 +12,42 @@ per micro-batch as ``loss_fn(log_probs, batch, **config)``.
   plus the floats ``num_tokens`` and ``num_seqs``: the loss-mask sum and the number of rows
   with a trained token in the WHOLE batch, over every micro-batch and rank.
 - It returns a ``LossOutput``: ``loss`` is this micro-batch's share of the global mean (so the
-  shares of all micro-batches and ranks add up to it exactly), and ``metrics`` maps names to
-  ``(sum, count)`` pairs that the engine adds up and reports as ``{name}.sum``/``{name}.tokens``.
+  shares of all micro-batches and ranks add up to it exactly), ``metrics`` maps names to
+  ``(sum, count)`` pairs that the engine adds up and reports as ``{name}.sum``/``{name}.tokens``
+  (and their ratio as ``{name}``), and ``extrema`` maps names to ``(min, max)`` pairs that the
+  engine reduces to ``{name}.min``/``{name}.max``.
   A loss may instead return a per-token tensor ``[B, T]``; the engine then token-means it.
 
 Built-in losses also offer ``configure(loss_config)`` (defaults merged; unknown keys are a
-``LossConfigError``), ``required_fields(config)`` and ``needs_entropy(config)``.
+``LossConfigError``), ``required_fields(config)``, ``needs_entropy(config)`` and
+``normalisers(config, whole_batch)`` (the global token and row counts when a rollout
+correction's rejection changes them and the batch alone decides it; the engine then passes
+those as ``num_tokens``/``num_seqs``).
+The policy-gradient losses take the rollout-correction keys of ``rollout_correction``.
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.errors import LossConfigError
 from arctic_platform.rl.plugins.hookspecs import hookimpl
 from arctic_platform.rl.plugins.specs import LossSpec
+from arctic_platform.rl.rollout_correction import (
+    CORRECTION_DEFAULTS,
+    MAX_LOG_RATIO,
+    check_correction,
+    correct,
+    expand_preset,
+    is_active,
+    kept_tokens,
+    log_ratio,
+    masked_extrema,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -38,8 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 BUILTIN_LOSSES = ("grpo", "ppo", "importance_sampling", "cross_entropy")
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-# Log-ratios are clamped to this range before exp(), so one wild token cannot overflow.
-MAX_LOG_RATIO = 20.0
+POLICY_GRADIENT_LOSSES = ("grpo", "ppo", "importance_sampling")
 
 
 @dataclass
@@ -48,6 +64,7 @@ class LossOutput:
 
     loss: torch.Tensor
     metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    extrema: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def aggregate(
@@ -119,10 +136,12 @@ MISMATCH_METRICS = (
     "mismatch_k3",
     "mismatch_ratio",
     "mismatch_chi2",
+    "mismatch_chi2_seq",
     "rollout_log_ppl",
     "train_log_ppl",
 )
-"""What ``mismatch_metrics`` reports (each a masked token mean: ``{name}.sum``/``.tokens``)."""
+"""What ``mismatch_metrics`` reports: masked token means (``{name}.sum``/``.tokens``), except
+``mismatch_chi2_seq``, a mean over the rows with trained tokens."""
 
 
 def mismatch_metrics(
@@ -134,10 +153,11 @@ def mismatch_metrics(
     the trainer's policy pi) and ``r = pi/mu = exp(-d)``: ``mismatch_k1`` = d (its mean
     estimates KL(mu||pi), Tinker's ``kl_sample_train_v1``), ``mismatch_k2`` = d^2/2
     (``_v2``), ``mismatch_k3`` = r - 1 + d (unbiased, >= 0), ``mismatch_ratio`` = r,
-    ``mismatch_chi2`` = (r - 1)^2 (token-level chi-square), ``rollout_log_ppl`` = -rollout
-    and ``train_log_ppl`` = -train (their means are log-perplexities). Computed in float64
-    with ``expm1`` (engines that agree differ by ~1e-7, whose k3 of ~1e-14 float32 would
-    round to noise of either sign); ``d`` is clamped to +-20. No gradient flows through them.
+    ``mismatch_chi2`` = (r - 1)^2 (token-level chi-square), ``mismatch_chi2_seq`` = (prod r)^2
+    - 1 per row, ``rollout_log_ppl`` = -rollout and ``train_log_ppl`` = -train (their means are
+    log-perplexities). Computed in float64 with ``expm1`` (engines that agree differ by ~1e-7,
+    whose k3 of ~1e-14 float32 would round to noise of either sign); ``d`` and a row's sum are
+    clamped to +-20. No gradient flows through them.
     """
     import torch
 
@@ -157,7 +177,25 @@ def mismatch_metrics(
             "rollout_log_ppl": -rollout,
             "train_log_ppl": -train,
         }
-        return {name: token_metric(values[name], weights) for name in MISMATCH_METRICS}
+        out = {name: token_metric(values[name], weights) for name in values}
+        rows = selected.any(dim=-1)
+        seq_log = (-d).sum(dim=-1).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        chi2_seq = torch.where(rows, torch.expm1(2.0 * seq_log), torch.zeros_like(seq_log))
+        out["mismatch_chi2_seq"] = (chi2_seq.sum(), rows.to(torch.float64).sum())
+        return {name: out[name] for name in MISMATCH_METRICS}
+
+
+def mismatch_extrema(
+    train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, weights: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``(min, max)`` of the token ratio ``pi/mu`` over the loss-mask tokens
+    (``mismatch_ratio.min``/``.max``; +-inf on a micro-batch without any)."""
+    import torch
+
+    with torch.no_grad():
+        selected = weights != 0
+        ratio = torch.exp(log_ratio(train_log_probs, rollout_log_probs, selected))
+        return {"mismatch_ratio": masked_extrema(ratio, selected)}
 
 
 class BuiltinLoss:
@@ -176,6 +214,8 @@ class BuiltinLoss:
             raise LossConfigError(
                 f"unknown loss_config key(s) {unknown} for loss {self.name!r}; allowed: {allowed}"
             )
+        if "rollout_correction" in self.defaults:
+            given = expand_preset(given)
         config = dict(self.defaults)
         for alias, targets in self.aliases.items():
             if alias in given:
@@ -220,12 +260,16 @@ class BuiltinLoss:
         c = config.get("clip_ratio_c")
         if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not c > 1.0):
             raise LossConfigError(f"loss_config clip_ratio_c={c!r} must be None or a number > 1")
+        if "rollout_correction" in config:
+            check_correction(config)
 
     def required_fields(self, config: Mapping[str, Any]) -> set[str]:
         """Batch fields this loss needs with ``config``."""
         needed = {"advantages"}
         if config.get("kl_coef", 0.0):
             needed.add("ref_log_probs")
+        if is_active(config):
+            needed.add("rollout_log_probs")
         return needed
 
     def needs_entropy(self, config: Mapping[str, Any]) -> bool:
@@ -241,12 +285,6 @@ class BuiltinLoss:
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         weights = batch["loss_mask"]
-        rollout = batch.get("rollout_log_probs")
-        if rollout is not None:  # measured against the old policy (decoupled), else this one
-            train = batch.get("old_log_probs")
-            metrics.update(
-                mismatch_metrics(log_probs if train is None else train, rollout, weights)
-            )
         kl_coef = float(config.get("kl_coef", 0.0))
         if kl_coef:
             if batch.get("ref_log_probs") is None:
@@ -275,6 +313,7 @@ class BuiltinLoss:
         batch: Mapping[str, Any],
         config: Mapping[str, Any],
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        extrema: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> LossOutput:
         weights = batch["loss_mask"]
         mode = config.get("aggregation", "token-mean")
@@ -284,13 +323,75 @@ class BuiltinLoss:
         metrics[primary] = (p_sum, p_count)
         share, total, count = aggregate(per_token, weights, mode, num_tokens, num_seqs)
         metrics["loss"] = (total.detach(), count)
-        return LossOutput(loss=share, metrics=metrics)
+        return LossOutput(loss=share, metrics=metrics, extrema=extrema or {})
 
     def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
         raise NotImplementedError  # pragma: no cover
 
 
-class PolicyGradientLoss(BuiltinLoss):
+@dataclass
+class RolloutSide:
+    """A policy-gradient micro-batch as the loss trains it: the batch (rejected tokens out of
+    its ``loss_mask``), the old log-probs, the importance weights (None: no weighting) and the
+    mismatch metrics and extrema."""
+
+    batch: Mapping[str, Any]
+    old: torch.Tensor
+    is_weights: torch.Tensor | None
+    metrics: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    extrema: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+class CorrectedLoss(BuiltinLoss):
+    """A policy-gradient loss: the sampler/trainer mismatch measured whenever the batch has
+    ``rollout_log_probs``, and corrected as the rollout-correction keys say."""
+
+    def normalisers(
+        self, config: Mapping[str, Any], whole_batch: Callable[[], Mapping[str, Any]]
+    ) -> tuple[float, float] | None:
+        """The loss-mask sum and the rows with a kept token once the rejection has run, when
+        the batch alone decides it (decoupled, ``old_log_probs`` given); else None.
+        ``whole_batch()`` gives the whole batch's ``[B, T]`` tensors."""
+        if not config.get("rollout_rs") or config.get("rollout_bypass"):
+            return None
+        batch = whole_batch()
+        old, rollout = batch.get("old_log_probs"), batch.get("rollout_log_probs")
+        if old is None or rollout is None:
+            return None
+        kept = kept_tokens(old, rollout, batch["loss_mask"], config)
+        return float(kept.sum()), float((kept != 0).any(dim=-1).sum())
+
+    def _rollout_side(
+        self, log_probs: torch.Tensor, batch: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> RolloutSide:
+        weights = batch["loss_mask"]
+        rollout = batch.get("rollout_log_probs")
+        given_old = batch.get("old_log_probs")
+        bypass = bool(config.get("rollout_bypass"))
+        old = rollout if bypass else given_old
+        side = RolloutSide(batch, log_probs.detach() if old is None else old, None, {}, {})
+        if rollout is None:
+            if is_active(config):
+                raise LossConfigError(
+                    f"loss {self.name!r} has a rollout correction in its loss_config but the "
+                    "batch has no 'rollout_log_probs'"
+                )
+            return side
+        # the trainer's side: the old policy when decoupled and given, else this one
+        train = log_probs if bypass or given_old is None else given_old
+        side.metrics.update(mismatch_metrics(train, rollout, weights))
+        side.extrema.update(mismatch_extrema(train, rollout, weights))
+        if is_active(config):
+            corr = correct(train, rollout, weights, config)
+            side.metrics.update(corr.metrics)
+            side.extrema.update(corr.extrema)
+            side.batch = {**batch, "loss_mask": weights * corr.keep}
+            if config.get("rollout_is") is not None:
+                side.is_weights = corr.weights
+        return side
+
+
+class PolicyGradientLoss(CorrectedLoss):
     """Token-level clipped-ratio policy gradient (PPO / GRPO), with optional dual clip.
 
     Per token: ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` with ``r = exp(logp -
@@ -310,6 +411,7 @@ class PolicyGradientLoss(BuiltinLoss):
             "kl_estimator": kl_estimator,
             "entropy_coef": 0.0,
             "aggregation": aggregation,
+            **CORRECTION_DEFAULTS,
         }
 
     def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
@@ -317,19 +419,18 @@ class PolicyGradientLoss(BuiltinLoss):
         import torch
 
         config = config or self.configure(None)
+        side = self._rollout_side(log_probs, batch, config)
+        batch = side.batch
         weights = batch["loss_mask"]
         selected = weights != 0
         advantages = batch["advantages"]
-        old = batch.get("old_log_probs")
-        if old is None:
-            old = log_probs.detach()
-        log_ratio = torch.where(selected, log_probs - old, torch.zeros_like(log_probs))
-        ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        diff = torch.where(selected, log_probs - side.old, torch.zeros_like(log_probs))
+        ratio = torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
         unclipped = -advantages * ratio
         clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
         pg = torch.maximum(unclipped, clipped)
-        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        metrics = side.metrics
         metrics["clip_frac"] = token_metric((clipped > unclipped).to(pg.dtype), weights)
         c = config.get("clip_ratio_c")
         if c is not None:
@@ -337,13 +438,15 @@ class PolicyGradientLoss(BuiltinLoss):
             dual = (advantages < 0) & (pg > cap)
             pg = torch.where(advantages < 0, torch.minimum(pg, cap), pg)
             metrics["dual_clip_frac"] = token_metric(dual.to(pg.dtype), weights)
+        if side.is_weights is not None:
+            pg = pg * side.is_weights
         metrics["ratio"] = token_metric(ratio, weights)
         metrics["_primary_values"] = (pg, weights)
         per_token = self._regularise(pg, log_probs, batch, config, metrics)
-        return self._finish(per_token, "pg_loss", batch, config, metrics)
+        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
 
 
-class ImportanceSamplingLoss(BuiltinLoss):
+class ImportanceSamplingLoss(CorrectedLoss):
     """Unclipped importance-weighted policy gradient: ``-A exp(logp - old_logp)`` per token."""
 
     name = "importance_sampling"
@@ -352,6 +455,7 @@ class ImportanceSamplingLoss(BuiltinLoss):
         "kl_estimator": "k1",
         "entropy_coef": 0.0,
         "aggregation": "token-mean",
+        **CORRECTION_DEFAULTS,
     }
 
     def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
@@ -359,19 +463,19 @@ class ImportanceSamplingLoss(BuiltinLoss):
         import torch
 
         config = config or self.configure(None)
+        side = self._rollout_side(log_probs, batch, config)
+        batch = side.batch
         weights = batch["loss_mask"]
-        old = batch.get("old_log_probs")
-        if old is None:
-            old = log_probs.detach()
-        log_ratio = torch.where(weights != 0, log_probs - old, torch.zeros_like(log_probs))
-        ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        diff = torch.where(weights != 0, log_probs - side.old, torch.zeros_like(log_probs))
+        ratio = torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         pg = -batch["advantages"] * ratio
-        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
-            "ratio": token_metric(ratio, weights),
-            "_primary_values": (pg, weights),
-        }
+        if side.is_weights is not None:
+            pg = pg * side.is_weights
+        metrics = side.metrics
+        metrics["ratio"] = token_metric(ratio, weights)
+        metrics["_primary_values"] = (pg, weights)
         per_token = self._regularise(pg, log_probs, batch, config, metrics)
-        return self._finish(per_token, "pg_loss", batch, config, metrics)
+        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
 
 
 class CrossEntropyLoss(BuiltinLoss):

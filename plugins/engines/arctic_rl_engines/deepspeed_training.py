@@ -35,7 +35,7 @@ from arctic_rl_engines.ds_config import (
     set_optimizer_params,
     training_setup,
 )
-from arctic_rl_engines.ds_metrics import add_metrics, gather_rows, reduce_metrics
+from arctic_rl_engines.ds_metrics import add_extrema, add_metrics, gather_rows, reduce_metrics
 from arctic_rl_engines.logprobs import rows_log_probs, token_log_probs
 from arctic_rl_engines.lora_format import adapter_config_dict
 from arctic_rl_engines.microbatch import DUMMY, plan
@@ -201,6 +201,19 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                 out["target_tokens"] = torch.from_numpy(targets)
         return {k: v.to(self._device) for k, v in out.items()}
 
+    def _whole_batch(self, clean: Batch) -> dict[str, Any]:
+        """Every row's float fields as ``[B, T]`` CPU tensors (0 on padding), for a loss's
+        ``normalisers``."""
+        import torch
+
+        rows = list(range(clean.num_rows))
+        width = int(clean.lengths.max()) if rows else 0
+        return {
+            name: torch.from_numpy(clean.padded(name, rows, width, 0.0))
+            for name in _FLOAT_FIELDS
+            if name in clean
+        }
+
     def fwd_bwd(
         self,
         batch: Batch | Mapping[str, Any],
@@ -237,6 +250,10 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
         num_tokens = float(mask.sum(dtype=np.float64))
         num_seqs = float(np.count_nonzero(np.add.reduceat(mask != 0, clean.offsets[:-1])))
         lengths = clean.lengths.tolist()
+        if hasattr(fn, "normalisers"):  # a rejection the batch alone decides: fewer to mean over
+            counts = fn.normalisers(cfg, lambda: self._whole_batch(clean))
+            if counts is not None:
+                num_tokens, num_seqs = counts
         passes = plan(lengths, self._rank, self._world, self.setup.max_tokens_per_mb)
 
         if forward_only:
@@ -244,6 +261,7 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
         else:
             self._engine.train()
         sums: dict[str, list[Any]] = {}
+        extrema: dict[str, list[Any]] = {}
         row_log_probs: dict[int, list[float]] = {}
         started = False
         try:
@@ -269,6 +287,7 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                     done = out.log_probs.detach().float().cpu()
                     for j, i in enumerate(rows):
                         row_log_probs[i] = done[j, : lengths[i]].tolist()
+                add_extrema(extrema, getattr(result, "extrema", {}))
                 if forward_only:
                     add_metrics(sums, result.metrics)
                     continue
@@ -281,7 +300,7 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                 self._discard_gradients()
             raise
         metrics: dict[str, Any] = dict(
-            reduce_metrics(sums, num_tokens, num_seqs, len(passes), self._world)
+            reduce_metrics(sums, num_tokens, num_seqs, len(passes), self._world, extrema)
         )
         if return_log_probs:
             metrics["log_probs"] = gather_rows(row_log_probs, len(lengths), self._world)
