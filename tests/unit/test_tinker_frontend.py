@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -263,6 +264,16 @@ def test_losses_given_the_samplers_log_probs_report_the_mismatch_and_the_answer_
     batch = convert.parse_forward_backward(_request([_datum([1, 2], [2, 3])]))
     result = {"loss.sum": 1.0, "log_probs": [[0.0, -1.0, -2.0]], "mismatch_k1": k1}
     result["mismatch_k3"] = 0.01
+    result["mismatch_ratio.min"], result["mismatch_ratio.max"] = 0.5, 1.25
     answer = deserialize_forward_backward_output(convert.forward_backward_output(batch, result))
     assert answer.metrics["kl_sample_train_v1:mean"] == pytest.approx(k1, rel=1e-6)
     assert answer.metrics["mismatch_k3:mean"] == pytest.approx(0.01)
+    assert (answer.metrics["mismatch_ratio:min"], answer.metrics["mismatch_ratio:max"]) == (
+        0.5,
+        1.25,
+    )
+    low, high = out.extrema["mismatch_ratio"]  # exp(lp - q) over the trained tokens
+    assert (float(low), float(high)) == (
+        pytest.approx(math.exp(-0.5)),
+        pytest.approx(math.exp(0.2)),
+    )

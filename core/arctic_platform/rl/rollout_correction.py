@@ -255,9 +255,7 @@ def rejection(
             elif stat.startswith("seq_mean_"):
                 keep_row &= value.sum(dim=-1) / length <= bound
             else:  # seq_max_
-                keep_row &= (
-                    torch.where(selected, value, torch.zeros_like(value)).amax(dim=-1) <= bound
-                )
+                keep_row &= value.amax(dim=-1) <= bound
     return keep_token & keep_row.unsqueeze(-1)
 
 

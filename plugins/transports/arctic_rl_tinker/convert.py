@@ -167,7 +167,8 @@ with the ``:mean`` reduction)."""
 
 def forward_backward_output(batch: Batch, result: dict[str, Any]) -> bytes:
     """Our fwd_bwd answer as a ``ForwardBackwardOutput`` protobuf (logprobs per datum, the
-    summed loss and, for losses given the sampler's log-probs, the mismatch token means)."""
+    summed loss and, for losses given the sampler's log-probs, the mismatch means and the
+    ratio's min and max)."""
     pb = _pb()
     msg = pb.ForwardBackwardOutput()
     msg.loss_fn_output_type = "ArrayRecord"
@@ -175,6 +176,11 @@ def forward_backward_output(batch: Batch, result: dict[str, Any]) -> bytes:
     for name in MISMATCH_METRICS:
         if name in result:
             msg.metrics[TINKER_METRIC_NAMES.get(name, f"{name}:mean")] = float(result[name])
+    for reduction in ("min", "max"):
+        if f"mismatch_ratio.{reduction}" in result:
+            msg.metrics[f"mismatch_ratio:{reduction}"] = float(
+                result[f"mismatch_ratio.{reduction}"]
+            )
     record = msg.loss_fn_outputs.add()
     record.num_datums = len(batch.lengths)
     rows = [

@@ -15,8 +15,8 @@ every real token when none are given), ``lp`` the trained log-prob of the target
 
 The loss is the sum of these over every token of the batch (each micro-batch returns its
 own sum; the sums add up). The losses given the sampler's log-probs also report the
-sampler/trainer mismatch (``mismatch_metrics``: sampler ``q`` against the ``lp`` being
-trained). Importing this module does not import torch.
+sampler/trainer mismatch (``mismatch_metrics`` and the ratio's extrema: sampler ``q``
+against the ``lp`` being trained). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import LossConfigError, LossOutput, LossSpec, mismatch_metrics
+from arctic_platform.rl.api import (
+    LossConfigError,
+    LossOutput,
+    LossSpec,
+    mismatch_extrema,
+    mismatch_metrics,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -91,9 +97,11 @@ class TinkerLoss:
         terms = self.per_token(log_probs, batch, config)
         total = torch.where(weights != 0, terms * weights, torch.zeros_like(terms)).sum()
         metrics = {"loss": (total.detach(), weights.sum())}
+        extrema = {}
         if self.needs_sampler_log_probs:
             metrics.update(mismatch_metrics(log_probs, batch["old_log_probs"], weights))
-        return LossOutput(loss=total, metrics=metrics)
+            extrema = mismatch_extrema(log_probs, batch["old_log_probs"], weights)
+        return LossOutput(loss=total, metrics=metrics, extrema=extrema)
 
 
 def _ratio(log_probs: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:

@@ -167,10 +167,15 @@ def test_the_whole_loop_runs_through_the_platform(alice):
 
     norm_before = alice.weight_norm()["training"]
     metrics = alice.fwd_bwd(
-        rows.batch(old_log_probs=trainer, rollout_log_probs=rows.rollout_log_probs())
+        rows.batch(old_log_probs=trainer, rollout_log_probs=rows.rollout_log_probs()),
+        loss_config={"rollout_correction": "token_tis"},
     )
     assert "loss" in metrics
     assert 0.0 <= metrics["mismatch_k3"] < 1e-4  # sampler vs trainer, same fp32 weights
+    # the correction's weights are all ~1 here: an effective sample size of ~1
+    assert metrics["rollout_is_weight"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["rollout_is_ess"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["mismatch_ratio.min"] <= 1.0 <= metrics["mismatch_ratio.max"]
     assert alice.step()["global_step"] == 1
     assert alice.weight_norm()["training"] != norm_before
 

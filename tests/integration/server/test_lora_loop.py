@@ -12,6 +12,7 @@ adapter.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,69 @@ def test_before_any_sync_every_job_serves_the_base_model(lora):
     notes["base"] = assert_log_prob_job_agrees(client, rows)
     for job_type in ("sampling", "log_prob"):
         assert client.job_info(job_type)["adapter_versions"] == {}
+
+
+def _pushed(rows, every: int, by: float) -> tuple[list[list[float]], list[tuple[int, int]]]:
+    """The sampler's log-probs with every ``every``-th trained token's raised by ``by`` nats
+    (a sampler that disagrees there), and which (row, position) those are."""
+    out, moved = [], []
+    for i, (lps, p) in enumerate(zip(rows.rollout_log_probs(), rows.prompt_lengths, strict=True)):
+        row = list(lps)
+        for j in range(p, len(row)):
+            if (j - p) % every == 0:
+                row[j] += by
+                moved.append((i, j))
+        out.append(row)
+    return out, moved
+
+
+def test_a_rollout_correction_weights_rejects_and_refuses_through_the_real_engine(lora):
+    """A rejected token leaves the loss and its normaliser: the same loss as the batch with
+    those tokens masked out by hand. Presets report their weights; a correction that makes no
+    sense is a 422 naming the field and changes nothing."""
+    client, notes = lora
+    rows, old = notes["rows"], notes["base"]
+    pushed, moved = _pushed(rows, every=3, by=1.0)  # ratio there: e^-1, outside [0.5, 2]
+    assert moved
+    batch = rows.batch(old_log_probs=old, rollout_log_probs=pushed)
+    rules = {"rollout_rs": {"token_ratio": [0.5, 2.0]}}
+    before = client.fwd_bwd(batch, loss_fn="ppo", forward_only=True)
+    rejected = client.fwd_bwd(batch, loss_fn="ppo", loss_config=rules, forward_only=True)
+    by_hand = [list(m) for m in rows.loss_mask]
+    for i, j in moved:
+        by_hand[i][j] = 0
+    masked = client.fwd_bwd({**batch, "loss_mask": by_hand}, loss_fn="ppo", forward_only=True)
+    assert rejected["loss"] == pytest.approx(masked["loss"], rel=1e-6)
+    assert rejected["tokens"] == masked["tokens"] < before["tokens"]
+    assert rejected["rollout_rs_masked"] == pytest.approx(len(moved) / before["tokens"])
+    assert before["mismatch_ratio.min"] == pytest.approx(math.exp(-1.0), rel=1e-3)
+
+    tis = client.fwd_bwd(
+        batch, loss_fn="grpo", loss_config={"rollout_correction": "token_tis"}, forward_only=True
+    )
+    assert tis["rollout_is_weight.min"] == pytest.approx(math.exp(-1.0), rel=1e-3)
+    assert tis["rollout_is_weight.max"] == pytest.approx(1.0, abs=1e-3)
+    assert 0.0 < tis["rollout_is_ess"] < 1.0
+
+    bad = [
+        ({"rollout_correction": "tis"}, "rollout_correction"),
+        ({"rollout_is": "token", "rollout_is_cap": 0}, "rollout_is_cap"),
+        ({"rollout_rs": {"token_ratio": [2.0, 0.5]}}, "token_ratio"),
+    ]
+    for config, field in bad:
+        with pytest.raises(ServerError, match=field) as refused:
+            client.fwd_bwd(batch, loss_fn="grpo", loss_config=config)
+        assert refused.value.status_code == 422
+    no_rollout = rows.batch(old_log_probs=old)
+    with pytest.raises(ServerError, match="rollout_log_probs") as refused:
+        client.fwd_bwd(no_rollout, loss_fn="grpo", loss_config={"rollout_correction": "seq_tis"})
+    assert refused.value.status_code == 422
+    short = {**batch, "rollout_log_probs": [row[:-1] for row in pushed]}
+    with pytest.raises(ServerError, match="rollout_log_probs") as refused:
+        client.fwd_bwd(short, loss_fn="grpo")
+    assert refused.value.status_code == 422
+    after = client.fwd_bwd(batch, loss_fn="ppo", forward_only=True)
+    assert after["loss"] == before["loss"]  # the job still serves, its weights as they were
 
 
 def test_fwd_bwd_step_and_an_adapter_only_sync_reach_every_job(lora):

@@ -110,6 +110,8 @@ def test_importance_sampling_returns_the_sampler_trainer_mismatch(training):
     assert abs(out.metrics["kl_sample_train_v1:mean"]) < 1e-3
     assert 0.0 <= out.metrics["mismatch_k3:mean"] < 1e-4
     assert out.metrics["mismatch_ratio:mean"] == pytest.approx(1.0, abs=1e-3)
+    low, high = out.metrics["mismatch_ratio:min"], out.metrics["mismatch_ratio:max"]
+    assert 1 - 1e-3 < low <= high < 1 + 1e-3
 
 
 def test_supervised_cross_entropy_loop_lowers_the_loss(training):
