@@ -70,7 +70,7 @@ def training_batch(
             batch["advantages"].append(adv)
             # the sampler's own log-probs of what it sampled: the behaviour policy
             behaviour.append([0.0] * len(prompt) + list(c["logprobs"]))
-    batch["old_log_probs"] = behaviour
+    batch["rollout_log_probs"] = behaviour
     return batch, all_rewards
 
 
@@ -91,7 +91,8 @@ def main() -> None:
         port=args.port,
         training_gpus=1,
         sampling_gpus=1,
-        log_prob_gpus=0,  # the loss's ratio uses the sampler's own log-probs
+        log_prob_gpus=0,  # the trainer's log-probs are the old policy; the sampler's measure
+        # the mismatch (``mismatch_k3`` etc. in fwd_bwd's answer)
         training_config={"optimizer": {"lr": args.lr}},
     )
     rng = random.Random(args.seed)

@@ -90,6 +90,9 @@ def test_short_sync_demo_writes_curve_plot_and_summary(tmp_path):
     # and nothing was generated while an update trained
     assert all(r["sampled_versions"] == [r["weight_version"] - 1] * 2 for r in rl)
     assert all(r["generation_overlap_seconds"] == 0 for r in rl)
+    # each update measured the sampler/trainer mismatch: fresh fp32 weights on both sides
+    measured = [r["mismatch_k3"] for r in rl if r["mismatch_k3"] is not None]
+    assert measured and all(0.0 <= k3 < 1e-3 for k3 in measured), measured
 
 
 def test_async_budget_demo_keeps_its_schedule_overlaps_bounds_hotswaps_and_learns(tmp_path):

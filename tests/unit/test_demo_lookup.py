@@ -127,7 +127,7 @@ def _result(reward: float, rows: int = 1) -> EpisodeResult:
     batch = {
         "input_ids": [[1, 2, 3]] * rows,
         "loss_mask": [[0.0, 1.0, 1.0]] * rows,
-        "old_log_probs": [[0.0, -0.5, -0.1]] * rows,
+        "rollout_log_probs": [[0.0, -0.5, -0.1]] * rows,
     }
     return EpisodeResult(Episode("1234", "5678"), "s", reward=reward, batch=batch)
 
@@ -138,7 +138,7 @@ def test_grpo_batch_attaches_group_advantages_and_skips_groups_without_signal():
     assert len(batch["input_ids"]) == 3  # the second group agrees: no rows from it
     assert batch["advantages"][0] > 0 > batch["advantages"][1] == batch["advantages"][2]
     assert batch["loss_mask"][0] == [0.0, 1.0, 1.0]
-    assert batch["old_log_probs"][1] == [0.0, -0.5, -0.1]
+    assert batch["rollout_log_probs"][1] == [0.0, -0.5, -0.1]
     assert grpo_batch([_result(0.0), _result(0.0)], 2)["input_ids"] == []
 
 

@@ -56,13 +56,13 @@ def test_rollout_versions_span_every_token():
     assert rollout().versions == (2, 3)
 
 
-def test_grpo_batch_uses_the_behaviour_log_probs_as_old_log_probs():
+def test_grpo_batch_carries_the_behaviour_log_probs_as_rollout_log_probs():
     r = rollout()
     r.score(ReverseDigitsTask())
     batch = grpo_batch(r, samples_per_prompt=2)
     assert batch["input_ids"][0] == [1, 2, ord(" "), ord("2"), ord("1")]
     assert batch["loss_mask"][1] == [0, 0, 1, 1, 1]
-    assert batch["old_log_probs"][0] == [0.0, 0.0, -0.1, -0.2, -0.3]
+    assert batch["rollout_log_probs"][0] == [0.0, 0.0, -0.1, -0.2, -0.3]
     assert batch["advantages"] == pytest.approx([1.0, -1.0], abs=1e-5)
 
 

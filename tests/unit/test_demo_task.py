@@ -63,3 +63,14 @@ def test_group_advantages_are_normalised_per_group():
 def test_group_advantages_reject_a_ragged_split():
     with pytest.raises(ValueError, match="groups of 3"):
         group_advantages([1.0, 2.0], group_size=3)
+
+
+def test_the_demos_correction_choices_are_none_and_every_preset_of_the_losses():
+    from arctic_platform.rl.rollout_correction import PRESETS
+    from arctic_rl_demo.task import CORRECTION_CHOICES, mismatch_record
+
+    assert CORRECTION_CHOICES[0] == "none"
+    assert sorted(CORRECTION_CHOICES[1:]) == sorted(PRESETS)
+    record = mismatch_record({"mismatch_k3": 0.5, "mismatch_ratio.max": 2.0})
+    assert record["mismatch_k3"] == 0.5 and record["mismatch_ratio_max"] == 2.0
+    assert record["mismatch_k1"] is None

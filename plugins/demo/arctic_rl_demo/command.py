@@ -82,6 +82,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             help=f"{phase} learning rate (default {default:g} [{lookup_default:g}])",
         )
     add("--kl-coef", type=float, default=0.0)
+    (
+        add(
+            "--correction",
+            metavar="PRESET",
+            help="rollout correction of the GRPO loss: a preset of loss_config's "
+            "rollout_correction (token_tis, seq_tis, icepop, geo_rs, ...; default bypass: the "
+            "sampler's log-probs are the old policy) or none (the trainer's own: ratio 1)",
+        ),
+    )
     add("--quiet", action="store_true")
 
 

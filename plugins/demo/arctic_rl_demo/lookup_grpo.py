@@ -2,7 +2,7 @@
 
 Episodes come prompt-major (``group_size`` per prompt, each in its own session). Each one's
 reward is normalised within its group; the advantage goes with every row of its session's
-trajectory ``batch`` (``input_ids``, ``loss_mask`` 1 on sampled ids only, ``old_log_probs``
+trajectory ``batch`` (``input_ids``, ``loss_mask`` 1 on sampled ids only, ``rollout_log_probs``
 the sampler's), so the loss's importance ratio is against the policy that sampled them.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from arctic_rl_demo.lookup_agent import EpisodeResult
 from arctic_rl_demo.task import group_advantages
 
-FIELDS = ("input_ids", "loss_mask", "old_log_probs")
+FIELDS = ("input_ids", "loss_mask", "rollout_log_probs")
 
 
 def grpo_batch(results: list[EpisodeResult], group_size: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from arctic_rl_demo.lookup_grpo import grpo_batch
 from arctic_rl_demo.lookup_sft import prompt_ids, sft_batch
 from arctic_rl_demo.lookup_task import LookupTask
 from arctic_rl_demo.run import MODEL_SIZES
+from arctic_rl_demo.task import CORRECTION_CHOICES, mismatch_record
 
 
 @dataclass
@@ -50,6 +51,7 @@ class LookupSettings:
     samples_per_prompt: int = 4
     max_tokens: int = 32
     learning_rate: float = 5e-4
+    correction: str = "bypass"  # a rollout-correction preset, or "none"
     eval_every: int = 5
     digits: int = 4
     heldout_size: int = 64
@@ -74,6 +76,10 @@ class LookupSettings:
             raise ValueError("the lookup demo needs the http transport (agent sessions' URLs)")
         if self.model_size not in MODEL_SIZES:
             raise ValueError(f"model_size {self.model_size!r} is not one of {list(MODEL_SIZES)}")
+        if self.correction not in CORRECTION_CHOICES:
+            raise ValueError(
+                f"correction {self.correction!r} is not one of {list(CORRECTION_CHOICES)}"
+            )
 
 
 def _mean(values: list[float]) -> float:
@@ -185,7 +191,10 @@ class LookupRun:
         stepped: dict[str, Any] = {}
         # A batch whose groups all agree has no gradient; Adam would still move the weights.
         if batch["input_ids"]:
-            metrics = await self.client.fwd_bwd(batch, "grpo", {"kl_estimator": "k3"})
+            loss_config: dict[str, Any] = {"kl_estimator": "k3"}
+            if s.correction != "none":
+                loss_config["rollout_correction"] = s.correction
+            metrics = await self.client.fwd_bwd(batch, "grpo", loss_config)
             stepped = await self.client.step(learning_rate=s.learning_rate)
         t2 = time.monotonic()
         await self.client.sync_weights()
@@ -201,6 +210,7 @@ class LookupRun:
                 "trained_rows": len(batch["input_ids"]),
                 "loss": float(metrics.get("loss", 0.0)),
                 "ratio": float(metrics.get("ratio", 1.0) or 1.0),
+                **mismatch_record(metrics),
                 "grad_norm": stepped.get("grad_norm"),
                 "sample": _sample(results[0]),
                 "seconds": {

@@ -73,11 +73,12 @@ class Rollout:
 
 
 def grpo_batch(rollout: Rollout, samples_per_prompt: int) -> dict[str, Any]:
-    """The ``grpo`` batch of a scored rollout: group advantages, behaviour log-probs as old.
+    """The ``grpo`` batch of a scored rollout: group advantages and the sampler's log-probs.
 
-    ``old_log_probs`` are the log-probs the sampler reported for the tokens it sampled, so
-    the loss's importance ratio is against the policy that actually produced them (the
-    current one in the sync loop, up to ``max_staleness`` versions older with ``--async``).
+    ``rollout_log_probs`` are the log-probs the sampler reported for the tokens it sampled
+    (the current policy in the sync loop, up to ``max_staleness`` versions older with
+    ``--async``): the loss measures the mismatch against them and, with the demo's default
+    ``bypass`` correction, takes them as the old policy of its importance ratio.
     """
     advantages = group_advantages(rollout.rewards, samples_per_prompt)
     rows, masks, old = [], [], []
@@ -93,7 +94,12 @@ def grpo_batch(rollout: Rollout, samples_per_prompt: int) -> dict[str, Any]:
             rows.append(prompt + tokens)
             masks.append([0] * len(prompt) + [1] * len(tokens))
             old.append([0.0] * len(prompt) + logprobs)
-    return {"input_ids": rows, "loss_mask": masks, "advantages": advantages, "old_log_probs": old}
+    return {
+        "input_ids": rows,
+        "loss_mask": masks,
+        "advantages": advantages,
+        "rollout_log_probs": old,
+    }
 
 
 def exact_fraction(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
-from arctic_rl_demo.task import ReverseDigitsTask
+from arctic_rl_demo.task import CORRECTION_CHOICES, ReverseDigitsTask, mismatch_record
 
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2},
@@ -36,6 +36,7 @@ class DemoSettings:
     max_tokens: int = 8
     learning_rate: float = 1e-3
     kl_coef: float = 0.0
+    correction: str = "bypass"  # a rollout-correction preset, or "none"
     eval_every: int = 10
     digits: int = 4
     heldout_size: int = 128
@@ -63,6 +64,10 @@ class DemoSettings:
             )
         if self.model_size not in MODEL_SIZES:
             raise ValueError(f"model_size {self.model_size!r} is not one of {list(MODEL_SIZES)}")
+        if self.correction not in CORRECTION_CHOICES:
+            raise ValueError(
+                f"correction {self.correction!r} is not one of {list(CORRECTION_CHOICES)}"
+            )
 
 
 class DemoRun:
@@ -176,6 +181,8 @@ class DemoRun:
         started = time.monotonic()
         batch = grpo_batch(rollout, s.samples_per_prompt)
         loss_config: dict[str, Any] = {"kl_estimator": "k3"}
+        if s.correction != "none":
+            loss_config["rollout_correction"] = s.correction
         if s.kl_coef > 0:
             batch["ref_log_probs"] = await timed(
                 "ref_log_probs",
@@ -189,6 +196,11 @@ class DemoRun:
         if any(a != 0 for a in batch["advantages"]):
             metrics = await timed("fwd_bwd", self.client.fwd_bwd(batch, "grpo", loss_config))
             stepped = await timed("step", self.client.step(learning_rate=s.learning_rate))
+        else:  # no update, but the step's mismatch is still measured (a forward only)
+            metrics = await timed(
+                "fwd_bwd",
+                self.client.fwd_bwd(batch, "grpo", loss_config, forward_only=True),
+            )
         synced = await timed("sync_weights", self.client.sync_weights(strategy=strategy))
         self.train_windows.append((started, time.monotonic()))
         oldest, newest = rollout.versions
@@ -203,6 +215,7 @@ class DemoRun:
             "kl": float(metrics.get("kl", 0.0) or 0.0),
             "ratio": float(metrics.get("ratio", 1.0) or 1.0),
             "clip_fraction": float(metrics.get("clip_frac", 0.0) or 0.0),
+            **mismatch_record(metrics),
             "grad_norm": stepped.get("grad_norm"),
             "lr": stepped.get("lr"),
             "completion_tokens": sum(sum(m) for m in batch["loss_mask"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,34 @@ def group_advantages(rewards: list[float], group_size: int, eps: float = 1e-6) -
         std = var**0.5
         out.extend((r - mean) / (std + eps) if std > 0 else 0.0 for r in group)
     return out
+
+
+CORRECTION_CHOICES = (
+    "none",
+    "bypass",
+    "token_tis",
+    "seq_tis",
+    "icepop",
+    "seq_mask",
+    "geo_rs",
+    "seq_tis_rs",
+    "token_tis_veto",
+    "bypass_k3_rs",
+)
+"""What ``--correction`` takes: ``none`` (the trainer's own log-probs are the old policy) or a
+rollout-correction preset of the losses."""
+
+
+def mismatch_record(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """A GRPO step's sampler/trainer mismatch for the metrics file (None: not measured)."""
+    names = {
+        "mismatch_k1": "mismatch_k1",
+        "mismatch_k3": "mismatch_k3",
+        "mismatch_ratio_min": "mismatch_ratio.min",
+        "mismatch_ratio_max": "mismatch_ratio.max",
+        "rollout_is_ess": "rollout_is_ess",
+    }
+    return {
+        key: (float(metrics[name]) if metrics.get(name) is not None else None)
+        for key, name in names.items()
+    }

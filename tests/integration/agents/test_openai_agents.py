@@ -128,7 +128,7 @@ def _check_trajectory(rl: Any, session_id: str) -> None:
     sampled = set(range(start1, start1 + len(turn1["completion_ids"])))
     sampled |= set(range(start2, start2 + len(turn2["completion_ids"])))
     assert {i for i, m in enumerate(row["loss_mask"]) if m == 1.0} == sampled
-    assert [row["old_log_probs"][i] for i in sorted(sampled)] == (
+    assert [row["rollout_log_probs"][i] for i in sorted(sampled)] == (
         turn1["completion_log_probs"] + turn2["completion_log_probs"]
     )
 

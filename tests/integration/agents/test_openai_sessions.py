@@ -103,7 +103,7 @@ def test_two_turns_with_a_tool_leave_a_token_faithful_trajectory(rl):
     sampled = set(range(len(prompt1), len(prompt1) + len(ids1)))
     sampled |= set(range(len(prompt2), len(prompt2) + len(ids2)))
     assert {i for i, m in enumerate(row["loss_mask"]) if m == 1.0} == sampled
-    assert [row["old_log_probs"][i] for i in sorted(sampled)] == (
+    assert [row["rollout_log_probs"][i] for i in sorted(sampled)] == (
         turn1["completion_log_probs"] + turn2["completion_log_probs"]
     )
     assert trajectory["batch"]["input_ids"] == [row["input_ids"]]

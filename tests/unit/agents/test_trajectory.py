@@ -73,7 +73,7 @@ def test_one_row_masks_exactly_the_sampled_ids(
     last = trajectory.turns[-1]
     assert row.input_ids == last.prompt_ids + last.completion_ids
     assert row.turns == [t.index for t in trajectory.turns]
-    assert len(row.loss_mask) == len(row.old_log_probs) == len(row.input_ids)
+    assert len(row.loss_mask) == len(row.rollout_log_probs) == len(row.input_ids)
     sampled = _sampled_positions(trajectory)
     assert {i for i, m in enumerate(row.loss_mask) if m == 1.0} == sampled
     assert all(m == 0.0 for i, m in enumerate(row.loss_mask) if i not in sampled)
@@ -81,8 +81,8 @@ def test_one_row_masks_exactly_the_sampled_ids(
         start = len(turn.prompt_ids)
         span = slice(start, start + len(turn.completion_ids))
         assert row.input_ids[span] == turn.completion_ids
-        assert row.old_log_probs[span] == turn.completion_log_probs
-    assert all(lp == 0.0 for i, lp in enumerate(row.old_log_probs) if i not in sampled)
+        assert row.rollout_log_probs[span] == turn.completion_log_probs
+    assert all(lp == 0.0 for i, lp in enumerate(row.rollout_log_probs) if i not in sampled)
     # tool-result and bridge tokens are never trained
     second = trajectory.turns[1]
     bridge = range(second.reused, len(second.prompt_ids))
@@ -123,13 +123,13 @@ def test_a_prefix_break_gives_a_second_row(chat_tok: Any, tools: Any) -> None:
 def test_rows_in_batch_shape(chat_tok: Any, tools: Any) -> None:
     trajectory = _episode(chat_tok, tools).trajectory()
     fields = trajectory.batch_fields()
-    assert set(fields) == {"input_ids", "loss_mask", "old_log_probs"}
+    assert set(fields) == {"input_ids", "loss_mask", "rollout_log_probs"}
     batch = trajectory.to_batch(advantages=[0.5])
     assert batch.num_rows == 1
     [row] = trajectory.rows
     assert batch.row("input_ids", 0).tolist() == row.input_ids
     assert batch.row("loss_mask", 0).tolist() == row.loss_mask
-    assert batch.row("old_log_probs", 0).tolist() == pytest.approx(row.old_log_probs)
+    assert batch.row("rollout_log_probs", 0).tolist() == pytest.approx(row.rollout_log_probs)
 
 
 def test_store_open_get_list_close_expire(chat_tok: Any) -> None:

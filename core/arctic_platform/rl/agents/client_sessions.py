@@ -57,7 +57,7 @@ class SessionMethods:
 
     def session_trajectory(self, session_id: str) -> dict[str, Any]:
         """A session's ``turns``, merged ``rows`` and ``batch`` (the rows as ``Batch`` fields:
-        input_ids, loss_mask, old_log_probs) for ``fwd_bwd``."""
+        input_ids, loss_mask, rollout_log_probs: the sampler's) for ``fwd_bwd``."""
         return dict(self.transport.call("session_trajectory", {"session_id": session_id}))
 
     def list_sessions(self) -> list[dict[str, Any]]:

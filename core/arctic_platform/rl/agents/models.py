@@ -113,13 +113,13 @@ class TrajectoryRow(BaseModel):
     turns: list[int]
     input_ids: list[int]
     loss_mask: list[float]
-    old_log_probs: list[float]
+    rollout_log_probs: list[float]
 
     @model_validator(mode="after")
     def _aligned(self) -> TrajectoryRow:
         n = len(self.input_ids)
-        if len(self.loss_mask) != n or len(self.old_log_probs) != n:
-            raise ValueError("loss_mask and old_log_probs must have one value per input id")
+        if len(self.loss_mask) != n or len(self.rollout_log_probs) != n:
+            raise ValueError("loss_mask and rollout_log_probs must have one value per input id")
         return self
 
 
@@ -131,11 +131,11 @@ class Trajectory(BaseModel):
     rows: list[TrajectoryRow]
 
     def batch_fields(self) -> dict[str, list[list[Any]]]:
-        """The rows as ``Batch`` fields: ``input_ids``, ``loss_mask``, ``old_log_probs``."""
+        """The rows as ``Batch`` fields: ``input_ids``, ``loss_mask``, ``rollout_log_probs``."""
         return {
             "input_ids": [r.input_ids for r in self.rows],
             "loss_mask": [r.loss_mask for r in self.rows],
-            "old_log_probs": [r.old_log_probs for r in self.rows],
+            "rollout_log_probs": [r.rollout_log_probs for r in self.rows],
         }
 
     def to_batch(self, advantages: list[float] | None = None) -> Batch:

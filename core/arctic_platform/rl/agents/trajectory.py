@@ -5,7 +5,7 @@ completion, so the segment's last turn holds the whole episode: one row is its p
 completion ids (the ``n`` choices of one request are sibling leaves: one row each). The loss
 mask is 1 exactly at each turn's completion positions
 (``len(prompt_ids)`` on) and 0 on prompts, bridges, tool results and any eos the session
-added; ``old_log_probs`` holds each sampled id's log-prob at its position, 0.0 elsewhere. A
+added; ``rollout_log_probs`` holds each sampled id's log-prob at its position, 0.0 elsewhere. A
 turn that (against the rule) does not extend the row before it starts a new row.
 """
 
@@ -54,7 +54,7 @@ def _row(group: list[SessionTurn]) -> TrajectoryRow:
         turns=[t.index for t in group],
         input_ids=ids,
         loss_mask=mask,
-        old_log_probs=log_probs,
+        rollout_log_probs=log_probs,
     )
 
 
