@@ -26,6 +26,7 @@ BENCHMARKS = {
     "lora_sync": {},
     "tinker_models": {},
     "agent_sessions": {},
+    "mismatch": {},
     "soak": {"steps": 2000, "every": 50},  # about 13 minutes on the 2-core machine
 }
 

@@ -162,6 +162,13 @@ class TrainingConfig(BaseModel):
     dtype: str = Field(default="float32", description="float32 | bfloat16 | float16.")
     gradient_checkpointing: bool = False
     attn_impl: str | None = Field(default=None, description="eager | sdpa | flash_attention_2.")
+    fp32_lm_head: bool = Field(
+        default=False,
+        description=(
+            "Compute the output projection (logits) in float32 while the model runs in "
+            "bfloat16/float16, in the trainer and its reference model (extension)."
+        ),
+    )
     mb_spec: MicroBatchSpec = Field(default_factory=MicroBatchSpec)
     lora: LoraConfig | None = Field(
         default=None,

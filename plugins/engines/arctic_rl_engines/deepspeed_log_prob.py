@@ -1,8 +1,9 @@
 """The ``deepspeed`` log-prob engine: forward-only log-probs, no optimizer state.
 
-Configured by ``log_prob_ds_config``: our keys ``dtype``, ``max_tokens_per_mb`` and
-``attn_impl``, the rest a DeepSpeed config (ZeRO-3 shards the weights over the job's ranks;
-stages 0-2 keep a plain replica). The forward path is the training engine's own
+Configured by ``log_prob_ds_config``: our keys ``dtype``, ``max_tokens_per_mb``,
+``attn_impl`` and ``fp32_lm_head`` (logits in float32 beside lower-precision weights), the
+rest a DeepSpeed config (ZeRO-3 shards the weights over the job's ranks; stages 0-2 keep a
+plain replica). The forward path is the training engine's own
 (``arctic_rl_engines.logprobs``). In LoRA mode (``training_config.lora``) the base is wrapped
 by peft like the trainer's, weight loads carry the adapter only, and named adapter versions
 are served per call (``ds_lora_serving``).
@@ -63,6 +64,7 @@ class DeepSpeedLogProbEngine(AdapterServing, LogProbEngine):
             dtype=self.setup.dtype,
             zero_stage=3 if self.setup.zero_stage == 3 else 0,
             attn_impl=self.setup.attn_impl,
+            fp32_lm_head=self.setup.fp32_lm_head,
             device=self._device,
             prepare=None if lora is None else lambda m: ds_lora.wrap(m, lora, config.seed),
         )

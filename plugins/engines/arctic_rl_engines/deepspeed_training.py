@@ -98,7 +98,10 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
             if self._lora is not None:  # no hf/ export: the base is loaded again
                 source = self._reference_source
         module = ds_model.load_causal_lm(
-            source, dtype=self.setup.dtype, attn_impl=self.setup.attn_impl
+            source,
+            dtype=self.setup.dtype,
+            attn_impl=self.setup.attn_impl,
+            fp32_lm_head=self.setup.fp32_lm_head,
         )
         if self.setup.gradient_checkpointing:
             module.gradient_checkpointing_enable(
@@ -360,6 +363,7 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                 zero_stage=3 if zero3 else 0,
                 attn_impl=self.setup.attn_impl,
                 device=self._device,
+                fp32_lm_head=self.setup.fp32_lm_head,
             )
         return self._reference
 

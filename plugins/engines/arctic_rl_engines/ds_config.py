@@ -108,6 +108,7 @@ class TrainingSetup:
     max_tokens_per_mb: int | None
     gradient_checkpointing: bool
     attn_impl: str | None
+    fp32_lm_head: bool
     user_optimizer: bool
     user_scheduler: bool
 
@@ -163,13 +164,14 @@ def training_setup(
         max_tokens_per_mb=tc.mb_spec.max_tokens_per_mb,
         gradient_checkpointing=tc.gradient_checkpointing,
         attn_impl=tc.attn_impl,
+        fp32_lm_head=tc.fp32_lm_head,
         user_optimizer="optimizer" in user,
         user_scheduler="scheduler" in user,
     )
 
 
 # Keys of ``log_prob_ds_config`` that are ours; everything else goes to DeepSpeed.
-LOG_PROB_KEYS = ("dtype", "max_tokens_per_mb", "attn_impl")
+LOG_PROB_KEYS = ("dtype", "max_tokens_per_mb", "attn_impl", "fp32_lm_head")
 
 
 @dataclass(frozen=True)
@@ -181,10 +183,12 @@ class ForwardSetup:
     zero_stage: int
     max_tokens_per_mb: int | None
     attn_impl: str | None
+    fp32_lm_head: bool = False
 
 
 def forward_setup(worker_config: Mapping[str, Any] | None, *, on_cpu: bool) -> ForwardSetup:
-    """Split ``log_prob_ds_config`` into our keys (dtype, max_tokens_per_mb, attn_impl) and
+    """Split ``log_prob_ds_config`` into our keys (dtype, max_tokens_per_mb, attn_impl,
+    fp32_lm_head) and
     the DeepSpeed config (ZeRO-3 shards parameters; stages 1-2 mean nothing without an
     optimizer and run as stage 0)."""
     what = "log-prob engine"
@@ -206,6 +210,9 @@ def forward_setup(worker_config: Mapping[str, Any] | None, *, on_cpu: bool) -> F
         isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
     ):
         raise EngineConfigError(f"{what}: max_tokens_per_mb={budget!r} must be a positive int")
+    fp32_head = ours.get("fp32_lm_head", False)
+    if not isinstance(fp32_head, bool):
+        raise EngineConfigError(f"{what}: fp32_lm_head={fp32_head!r} must be true or false")
     defaults = {
         "train_micro_batch_size_per_gpu": 1,
         "zero_optimization": {"stage": 0},
@@ -220,6 +227,7 @@ def forward_setup(worker_config: Mapping[str, Any] | None, *, on_cpu: bool) -> F
         zero_stage=stage,
         max_tokens_per_mb=budget,
         attn_impl=ours.get("attn_impl"),
+        fp32_lm_head=fp32_head,
     )
 
 

@@ -32,8 +32,11 @@ def weights_source(path: str) -> str:
     return path
 
 
-def load_causal_lm(path: str, *, dtype: str, attn_impl: str | None) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype`` with ``attn_impl``."""
+def load_causal_lm(
+    path: str, *, dtype: str, attn_impl: str | None, fp32_lm_head: bool = False
+) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype`` with ``attn_impl`` (and
+    its output projection in float32 with ``fp32_lm_head``)."""
     import transformers
 
     from arctic_rl_engines.ds_config import torch_dtype
@@ -42,9 +45,35 @@ def load_causal_lm(path: str, *, dtype: str, attn_impl: str | None) -> Any:
     if attn_impl:
         kwargs["attn_implementation"] = attn_impl
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(weights_source(path), **kwargs)
+        module = transformers.AutoModelForCausalLM.from_pretrained(weights_source(path), **kwargs)
     except (OSError, ValueError) as exc:
         raise EngineError(f"cannot load a causal LM from {path!r}: {exc}") from exc
+    if fp32_lm_head and fp32_output_head(module):
+        logger.info("%s: logits computed in float32 (fp32_lm_head) beside %s weights", path, dtype)
+    return module
+
+
+def fp32_output_head(module: Any) -> bool:
+    """Make ``module``'s output projection (``lm_head``) compute its logits in float32 from
+    its own (e.g. bfloat16) weight: float32 accumulation, no rounding of the logits. The
+    weight stays as it is and gets its gradient through the cast. False when the head is
+    float32 already (nothing to do)."""
+    import torch
+    import torch.nn.functional as F
+
+    head = module.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if weight is None:
+        raise EngineError(f"fp32_lm_head: {type(module).__name__} has no output projection")
+    if weight.dtype == torch.float32:
+        return False
+
+    def forward(hidden: Any) -> Any:
+        bias = head.bias
+        return F.linear(hidden.float(), head.weight.float(), None if bias is None else bias.float())
+
+    head.forward = forward
+    return True
 
 
 def load_tokenizer(path: str) -> Any:
@@ -170,11 +199,12 @@ class ForwardModel:
         attn_impl: str | None,
         device: Any,
         prepare: Callable[[Any], Any] | None = None,
+        fp32_lm_head: bool = False,
     ) -> None:
         """``prepare`` (e.g. peft wrapping) gets the loaded module before DeepSpeed does."""
         import deepspeed
 
-        module = load_causal_lm(path, dtype=dtype, attn_impl=attn_impl)
+        module = load_causal_lm(path, dtype=dtype, attn_impl=attn_impl, fp32_lm_head=fp32_lm_head)
         if prepare is not None:
             module = prepare(module)
         module.requires_grad_(False)
