@@ -12,7 +12,9 @@ from arctic_platform.rl.errors import LossConfigError  # noqa: E402
 from arctic_platform.rl.losses import (  # noqa: E402
     aggregate,
     kl_penalty,
+    make_cispo,
     make_cross_entropy,
+    make_dro,
     make_grpo,
     make_importance_sampling,
     make_ppo,
@@ -213,7 +215,7 @@ def test_aggregate_seq_modes_skip_rows_without_trained_tokens() -> None:
 
 def test_builtin_losses_are_registered_with_real_factories() -> None:
     reg = get_registry()
-    for name in ("grpo", "ppo", "importance_sampling", "cross_entropy"):
+    for name in ("grpo", "ppo", "importance_sampling", "cispo", "dro", "cross_entropy"):
         spec = reg.get("loss", name)
         assert spec.implemented
         assert callable(spec.create())
@@ -411,3 +413,55 @@ def test_token_mean_divides_by_a_fractional_global_weight_sum() -> None:
     weights = torch.tensor([[0.25, 0.25]], dtype=torch.float64)
     share, total, count = aggregate(values, weights, "token-mean", 0.5, 1.0)
     assert (share.item(), total.item(), count.item()) == (6.0, 3.0, 0.5)
+
+
+# --- cispo and dro: the trained tokens (lp, old, A) are (0.5, 0.4, 1), (0.25, 0.25, 1) and
+# (0.1, 0.2, -2) as probabilities, so the ratios r are 1.25, 1 and 0.5 ----------------------
+
+TRAINED = [(0, 1, 0.5, 0.4, 1.0), (0, 2, 0.25, 0.25, 1.0), (1, 2, 0.1, 0.2, -2.0)]
+
+
+def _grads_at_trained(lp: torch.Tensor) -> list[float]:
+    return [float(lp.grad[i, j]) for i, j, *_ in TRAINED]
+
+
+@pytest.mark.parametrize(("config", "cap"), [(None, 4.0), ({"clip_eps_high": 0.1}, 1.1)])
+def test_cispo_weighs_each_log_prob_by_its_clipped_ratio_as_a_constant(config, cap) -> None:
+    loss = make_cispo()
+    lp = log_probs()
+    out = loss(lp, batch(), **loss.configure(config))
+    out.loss.backward()
+    ratios = [min(p / q, cap) for _, _, p, q, _ in TRAINED]
+    terms = [-r * a * math.log(p) for r, (*_, p, _, a) in zip(ratios, TRAINED, strict=True)]
+    assert out.loss.item() == pytest.approx(sum(terms) / 3)
+    # d/dlp of -sg(r) A lp is -r A: the clipped ratio carries no gradient of its own
+    expected = [-r * a / 3 for r, (*_, a) in zip(ratios, TRAINED, strict=True)]
+    assert _grads_at_trained(lp) == pytest.approx(expected)
+    clipped = sum(1 for _, _, p, q, _ in TRAINED if p / q > cap)
+    assert out.metrics["clip_frac"][0].item() == clipped
+
+
+def test_cispo_may_clip_the_ratio_down_to_zero_but_ppo_may_not() -> None:
+    assert make_cispo().configure({"clip_eps_low": 1.0})["clip_eps_low"] == 1.0
+    assert "must be <= 1" in _refusal(make_cispo(), {"clip_eps_low": 1.5})
+    assert "must be < 1" in _refusal(make_ppo(), {"clip_eps_low": 1.0})
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.0, 2.0])
+def test_dro_is_the_policy_gradient_plus_a_quadratic_pull_to_the_old_policy(beta) -> None:
+    loss = make_dro()
+    lp = log_probs()
+    out = loss(lp, batch(), **loss.configure({"beta": beta}))
+    out.loss.backward()
+    d = [math.log(p) - math.log(q) for _, _, p, q, _ in TRAINED]
+    terms = [
+        -a * math.log(p) + beta / 2 * x * x for x, (*_, p, _, a) in zip(d, TRAINED, strict=True)
+    ]
+    assert out.loss.item() == pytest.approx(sum(terms) / 3)
+    expected = [(-a + beta * x) / 3 for x, (*_, a) in zip(d, TRAINED, strict=True)]
+    assert _grads_at_trained(lp) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("beta", [-0.1, float("nan"), "0.1", True])
+def test_dro_refuses_a_beta_that_is_not_a_finite_number_at_least_zero(beta) -> None:
+    assert "beta" in _refusal(make_dro(), {"beta": beta})

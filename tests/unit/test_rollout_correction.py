@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 
 from arctic_platform.rl.errors import LossConfigError  # noqa: E402
 from arctic_platform.rl.losses import (  # noqa: E402
+    make_cispo,
+    make_dro,
     make_grpo,
     make_importance_sampling,
     make_ppo,
@@ -181,15 +183,20 @@ def test_the_gradient_with_token_weights_is_the_weighted_gradient():
     assert float(untrained.abs().sum()) == 0.0
 
 
-@pytest.mark.parametrize("loss", [make_grpo, make_ppo, make_importance_sampling])
+LOSSES = [make_grpo, make_ppo, make_importance_sampling, make_cispo, make_dro]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
 def test_every_policy_gradient_loss_gives_the_weighted_gradient_and_counts_weights_as_constants(
     loss,
 ):
     """Per token, a corrected loss's gradient is the uncorrected per-token gradient times the
-    weight (the aggregation is linear in the per-token loss for a fixed mask)."""
+    weight (the aggregation is linear in the per-token loss for a fixed mask). The weights
+    scale the policy-gradient term only, so dro's quadratic penalty is off here."""
     fn = loss()
-    plain_config = fn.configure(None)
-    corrected_config = fn.configure({"rollout_is": "sequence", "rollout_is_cap": 10.0})
+    extra = {"beta": 0.0} if fn.name == "dro" else {}
+    plain_config = fn.configure(extra)
+    corrected_config = fn.configure({"rollout_is": "sequence", "rollout_is_cap": 10.0, **extra})
     weights = [[1.0, 1.0, 1.0], [6.0, 6.0]]
     current, batch = _batch(current_shift=0.05)  # inside the clip range: no clipping
     fn(current, batch, **plain_config).loss.backward()
@@ -294,7 +301,7 @@ def test_a_call_without_a_correction_trains_exactly_as_before():
     ],
 )
 def test_a_correction_that_makes_no_sense_is_refused_naming_the_field(config, field):
-    for loss in (make_grpo, make_ppo, make_importance_sampling):
+    for loss in LOSSES:
         with pytest.raises(LossConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
             loss().configure(config)
 

@@ -1,4 +1,5 @@
-"""Built-in losses for ``fwd_bwd`` (grpo, ppo, importance_sampling, cross_entropy).
+"""Built-in losses for ``fwd_bwd`` (grpo, ppo, importance_sampling, cispo, dro,
+cross_entropy).
 
 The ``LossFn`` contract, for these and for third-party losses: an engine calls the loss once
 per micro-batch as ``loss_fn(log_probs, batch, **config)``.
@@ -52,10 +53,10 @@ from arctic_platform.rl.rollout_correction import (
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-BUILTIN_LOSSES = ("grpo", "ppo", "importance_sampling", "cross_entropy")
+BUILTIN_LOSSES = ("grpo", "ppo", "importance_sampling", "cispo", "dro", "cross_entropy")
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-POLICY_GRADIENT_LOSSES = ("grpo", "ppo", "importance_sampling")
+POLICY_GRADIENT_LOSSES = ("grpo", "ppo", "importance_sampling", "cispo", "dro")
 
 
 @dataclass
@@ -204,6 +205,7 @@ class BuiltinLoss:
     name = "loss"
     defaults: dict[str, Any] = {}
     aliases: dict[str, tuple[str, ...]] = {}
+    lower_clip_may_reach_zero = False
 
     def configure(self, loss_config: Mapping[str, Any] | None) -> dict[str, Any]:
         """``defaults`` overlaid with ``loss_config``; unknown keys or bad values raise."""
@@ -252,9 +254,11 @@ class BuiltinLoss:
         for key in ("clip_eps_low", "clip_eps_high"):
             if key in config and config[key] < 0:
                 raise LossConfigError(f"loss_config {key}={config[key]} must be >= 0")
-        if config.get("clip_eps_low", 0.0) >= 1.0:
+        low = config.get("clip_eps_low", 0.0)
+        if low > 1.0 or (low == 1.0 and not self.lower_clip_may_reach_zero):
+            bound = "<= 1" if self.lower_clip_may_reach_zero else "< 1"
             raise LossConfigError(
-                f"loss_config clip_eps_low={config['clip_eps_low']} must be < 1 "
+                f"loss_config clip_eps_low={config['clip_eps_low']} must be {bound} "
                 "(the ratio is clipped to [1 - clip_eps_low, 1 + clip_eps_high])"
             )
         c = config.get("clip_ratio_c")
@@ -478,6 +482,89 @@ class ImportanceSamplingLoss(CorrectedLoss):
         return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
 
 
+class CISPOLoss(CorrectedLoss):
+    """Clipped importance-sampling policy optimisation (MiniMax-M1): per token
+    ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp``; the clipped ratio is a constant, so
+    every token keeps a gradient (none is dropped by the clip, unlike PPO)."""
+
+    name = "cispo"
+    lower_clip_may_reach_zero = True  # clip_eps_low = 1: the ratio is clipped to [0, 1 + high]
+    aliases = {"eps_clip": ("clip_eps_low", "clip_eps_high")}
+    defaults = {
+        "clip_eps_low": 1.0,
+        "clip_eps_high": 3.0,
+        "kl_coef": 0.0,
+        "kl_estimator": "k1",
+        "entropy_coef": 0.0,
+        "aggregation": "token-mean",
+        **CORRECTION_DEFAULTS,
+    }
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        """Per-micro-batch loss share and metrics (pg_loss, clip_frac, ratio, kl, entropy)."""
+        import torch
+
+        config = config or self.configure(None)
+        side = self._rollout_side(log_probs, batch, config)
+        batch = side.batch
+        weights = batch["loss_mask"]
+        diff = torch.where(weights != 0, log_probs - side.old, torch.zeros_like(log_probs))
+        ratio = torch.exp(diff.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
+        clipped = ratio.clamp(max(0.0, 1.0 - low), 1.0 + high)
+        pg = -clipped * batch["advantages"] * log_probs
+        if side.is_weights is not None:
+            pg = pg * side.is_weights
+        metrics = side.metrics
+        metrics["clip_frac"] = token_metric((clipped != ratio).to(pg.dtype), weights)
+        metrics["ratio"] = token_metric(ratio, weights)
+        metrics["_primary_values"] = (pg, weights)
+        per_token = self._regularise(pg, log_probs, batch, config, metrics)
+        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
+
+
+class DROLoss(CorrectedLoss):
+    """Direct reward optimisation's off-policy objective: per token ``-(A logp - beta/2
+    (logp - old_logp)^2)``, a policy gradient held near the old policy by a quadratic
+    penalty instead of a clip."""
+
+    name = "dro"
+    defaults = {
+        "beta": 0.05,
+        "kl_coef": 0.0,
+        "kl_estimator": "k1",
+        "entropy_coef": 0.0,
+        "aggregation": "token-mean",
+        **CORRECTION_DEFAULTS,
+    }
+
+    def _check(self, config: dict[str, Any]) -> None:
+        super()._check(config)
+        beta = config.get("beta")
+        if isinstance(beta, bool) or not isinstance(beta, int | float) or not beta >= 0:
+            raise LossConfigError(f"loss_config beta={beta!r} must be a number >= 0")
+        if not math.isfinite(beta):
+            raise LossConfigError(f"loss_config beta={beta!r} must be finite")
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        """Per-micro-batch loss share and metrics (pg_loss, kl, entropy)."""
+        import torch
+
+        config = config or self.configure(None)
+        side = self._rollout_side(log_probs, batch, config)
+        batch = side.batch
+        weights = batch["loss_mask"]
+        diff = torch.where(weights != 0, log_probs - side.old, torch.zeros_like(log_probs))
+        pg = -batch["advantages"] * log_probs
+        if side.is_weights is not None:
+            pg = pg * side.is_weights
+        per_token = pg + 0.5 * float(config["beta"]) * diff * diff
+        metrics = side.metrics
+        metrics["_primary_values"] = (pg, weights)
+        per_token = self._regularise(per_token, log_probs, batch, config, metrics)
+        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
+
+
 class CrossEntropyLoss(BuiltinLoss):
     """Supervised negative log-likelihood of the ``loss_mask`` tokens (SFT)."""
 
@@ -511,6 +598,16 @@ def make_importance_sampling() -> ImportanceSamplingLoss:
     return ImportanceSamplingLoss()
 
 
+def make_cispo() -> CISPOLoss:
+    """CISPO: a constant clipped ratio times the log-prob's gradient, token-mean."""
+    return CISPOLoss()
+
+
+def make_dro() -> DROLoss:
+    """DRO: policy gradient with a quadratic penalty toward the old policy, token-mean."""
+    return DROLoss()
+
+
 def make_cross_entropy() -> CrossEntropyLoss:
     """Cross-entropy (SFT) on the loss-mask tokens, token-mean."""
     return CrossEntropyLoss()
@@ -520,13 +617,15 @@ _FACTORIES = {
     "grpo": make_grpo,
     "ppo": make_ppo,
     "importance_sampling": make_importance_sampling,
+    "cispo": make_cispo,
+    "dro": make_dro,
     "cross_entropy": make_cross_entropy,
 }
 
 
 @hookimpl
 def arctic_rl_register_losses() -> Iterator[LossSpec]:
-    """grpo, ppo, importance_sampling and cross_entropy."""
+    """grpo, ppo, importance_sampling, cispo, dro and cross_entropy."""
     for name in BUILTIN_LOSSES:
         factory = _FACTORIES[name]
         yield LossSpec(
