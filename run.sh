@@ -58,10 +58,8 @@ case "$cmd" in
         # compiled once here, so the tests' hundreds of server and worker processes load them
         # instead of compiling them each (where PYTHONDONTWRITEBYTECODE is set, none is cached)
         "$PY" -m compileall -q core plugins >/dev/null
-        # two workers (pytest-xdist); each module, with the modules sharing its servers, runs
-        # whole on one of them (tests/support/workers.py); ARCTIC_RL_TEST_WORKERS=0: one process
         set +e
-        "$PY" -m pytest -n "${ARCTIC_RL_TEST_WORKERS:-2}" --dist loadgroup tests "$@"
+        "$PY" -m pytest tests "$@"
         rc=$?
         set -e
         if [ "$rc" -eq 5 ]; then

@@ -14,7 +14,6 @@ import pytest
 from support import live as shared_live
 from support.lasting import release_after, until_last_use
 from support.live import LiveServer
-from support.workers import mark_groups
 
 # Nothing in the suite may reach a model hub or send usage reports.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,16 +41,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{shared_live.LAST}: runs after the other tests of the shared live server"
     )
-    config.addinivalue_line("markers", "xdist_group(name): the pytest-xdist group of a test")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``live_first``/``live_last`` tests go right before/after the shared server's others;
-    every test gets the ``xdist_group`` that keeps its module (and the modules sharing its
-    heavy fixtures) on one worker (``support.workers``)."""
+    """``live_first``/``live_last`` tests go right before/after the shared server's others."""
     shared_live.order(items)
-    mark_groups(items)
 
 
 @pytest.hookimpl(hookwrapper=True)
