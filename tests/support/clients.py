@@ -82,6 +82,7 @@ def client_config(model: str, port: int | None = None, **fields: Any) -> ArcticR
         ray_auto_attach=False,
         server_logs=False,
         startup_timeout=300,
+        health_check_interval=0.25,  # the server and its jobs are seen ready 0.25 s after
         job_ready_timeout=600,
         training_config={"optimizer": {"lr": 1e-3}},
     )

@@ -68,6 +68,14 @@ def _run(args: list[str]) -> None:
         )
 
 
+COMPILE = (
+    "import compileall, sysconfig; "
+    "compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
+)
+"""Byte-compiles the venv's packages on every core (pip would on one, as it installs); a file
+that does not compile (a template, Python 2) is left as it is."""
+
+
 def is_current(venv: Path | None = None) -> bool:
     """Whether the venv exists with an interpreter and a stamp for the current spec."""
     venv = venv or venv_dir()
@@ -92,7 +100,8 @@ def ensure(log: bool = False) -> Path:
             print(f"==> building {venv} ({SPEC})", file=sys.stderr, flush=True)
         _run([sys.executable, "-m", "venv", str(venv)])
         pip = [str(venv_python(venv)), "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", "--quiet", SPEC])
+        _run([*pip, "install", "--quiet", "--no-compile", SPEC])
+        _run([str(venv_python(venv)), "-c", COMPILE])
         (venv / STAMP_NAME).write_text(_stamp_text())
     return venv_python(venv)
 

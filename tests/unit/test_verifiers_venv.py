@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support import verifiers_venv
+from support.verifiers_venv import COMPILE
 
 
 @pytest.fixture
@@ -33,17 +34,17 @@ def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 def test_it_builds_once_per_pin_and_again_when_the_pin_changes(builds, monkeypatch):
     python = verifiers_venv.ensure()
     assert python == verifiers_venv.venv_python()
-    assert [call[1:3] for call in builds] == [["-m", "venv"], ["-m", "pip"]]
+    assert [call[1:3] for call in builds] == [["-m", "venv"], ["-m", "pip"], ["-c", COMPILE]]
     assert builds[1][-1] == verifiers_venv.SPEC
     assert verifiers_venv.is_current()
 
     assert verifiers_venv.ensure() == python
-    assert len(builds) == 2  # the stamp matched: nothing ran
+    assert len(builds) == 3  # the stamp matched: nothing ran
 
     monkeypatch.setattr(verifiers_venv, "SPEC", "verifiers==9.9.9")
     assert not verifiers_venv.is_current()
     verifiers_venv.ensure()
-    assert len(builds) == 4 and builds[-1][-1] == "verifiers==9.9.9"
+    assert len(builds) == 6 and builds[-2][-1] == "verifiers==9.9.9"
 
 
 def test_a_failed_command_is_an_error_with_its_output():

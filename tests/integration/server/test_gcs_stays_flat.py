@@ -8,8 +8,10 @@ A fresh cluster runs ``CALLS`` cheap actor calls (several times that bound) and 
 resident memory is read every ``EVERY`` calls. The same run with Ray's own defaults is the
 control: over the second half (a least-squares trend, no clock involved) the control must
 still grow by more than ``GROWING_BYTES_PER_CALL`` a call, and ours by less than
-``FLAT_SHARE`` of it (measured: 360-490 B a call against 3040-3200; what is left is the allocator
-settling, flat after ~20 000 calls).
+``FLAT_SHARE`` of it. What is left of ours arrives in steps (1-5 MB every ~5 000 calls, the
+heap growing), so a short window is noise: over calls 6 000-12 000 ours measured 0-1 020 B a call
+against 3 040-3 470 (it failed the bound once at 0.29), over 15 000-30 000 165-410 against
+2 390-2 540 (a 30 000-call run takes ~12 s on a quiet machine).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-CALLS, EVERY, KEPT = 12_000, 1_000, 500
+CALLS, EVERY, KEPT = 30_000, 1_500, 500
 FLAT_SHARE = 0.25
 GROWING_BYTES_PER_CALL = 1_000
 RAY_DEFAULTS = {
