@@ -87,6 +87,50 @@ PLUGIN_RAISES = {
     ("demo/arctic_rl_demo/lookup_task.py", "ValueError"): "the lookup demo's own task "
     "settings, checked before it starts",
 }
+CORE_RAISES = {
+    ("arctic_platform/rl/__init__.py", "AttributeError"): "the package's lazy __getattr__: "
+    "Python's protocol for a missing module attribute",
+    ("arctic_platform/rl/lazy_names.py", "AttributeError"): "a lazy module __getattr__: "
+    "Python's protocol for a missing module attribute",
+    ("arctic_platform/rl/agents/chat_tokenizer.py", "ValueError"): "a model without a chat "
+    "template; the one caller (server/agent_ops.py) answers it as InvalidRequestError",
+    ("arctic_platform/rl/agents/history.py", "TypeError"): "messages reach it validated "
+    "(dicts or pydantic models): anything else is a bug of ours, not a caller's input",
+    ("arctic_platform/rl/agents/journal.py", "ValueError"): "a session id the server made "
+    "itself (hex); the guard keeps a file path from ever coming from elsewhere",
+    ("arctic_platform/rl/config.py", "ValueError"): "in a pydantic field's check "
+    "(_registered): pydantic answers it as a ValidationError naming the field",
+    ("arctic_platform/rl/network.py", "OSError"): "no free ports on a node (the machine's "
+    "own resources): raised in a worker call the server makes, never on a request's input",
+    ("arctic_platform/rl/losses.py", "NotImplementedError"): "an abstract method every "
+    "built-in loss overrides",
+    ("arctic_platform/rl/plugins/registry.py", "TypeError"): "a plugin yielding the wrong "
+    "spec type: the plugin author's bug, raised while plugins load",
+    ("arctic_platform/rl/server/job_log.py", "ValueError"): "caught on the next line "
+    "(a damaged log line is skipped and named)",
+    ("arctic_platform/rl/server/log_rotation.py", "ValueError"): "the server's own log "
+    "settings, checked when it starts",
+    ("arctic_platform/rl/server/process.py", "SystemExit"): "a signal ends the serve "
+    "process: nothing catches it",
+    ("arctic_platform/rl/server/ray_cluster.py", "ValueError"): "a Ray address given to "
+    "the serve command (or RAY_ADDRESS) at the server's own start, never a request's",
+    ("arctic_platform/rl/server/worker.py", "ValueError"): "inside a Ray worker, for a "
+    "method the server itself chose; the server turns a failed worker call into EngineError",
+    ("arctic_platform/rl/server/worker.py", "RuntimeError"): "inside a Ray worker before its "
+    "engine is set up; the server turns a failed worker call into EngineError",
+    ("arctic_platform/rl/server/worker_launch.py", "TimeoutError"): "inside the launch "
+    "thread; a job that cannot be placed ends failed with this reason (job_state)",
+    ("arctic_platform/rl/testing.py", "ValueError"): "the test kit's own arguments "
+    "(build_tiny_model), called from code, never by a request",
+    ("arctic_platform/rl/weight_sync/buckets.py", "ValueError"): "the bucket size the "
+    "server's own config fixed; never a request's",
+    ("arctic_platform/rl/weight_sync/coordinator.py", "TimeoutError"): "a sender waiting "
+    "for its receiver's listener inside a worker; the sync operation answers it as a failed "
+    "sync (weight_sync_failed)",
+    ("arctic_platform/rl/wire/requests.py", "ValueError"): "in a pydantic field's check: "
+    "answered as a ValidationError (422) naming the field",
+}
+"""Builtin exceptions core raises, each with why no caller meets it as such."""
 VALIDATORS = {"field_validator", "model_validator", "validator", "root_validator"}
 
 
@@ -239,6 +283,26 @@ def test_plugins_raise_only_arctic_rl_errors_to_their_callers() -> None:
         "a plugin raises a builtin exception (except ArcticRLError would miss it): raise a "
         f"core error (InvalidRequestError is a ValueError too) or list it with why: {raised}"
     )
+
+
+def test_core_raises_only_arctic_rl_errors_to_its_callers() -> None:
+    """The same scan over core: a public call (``open_session`` raised ``ValueError``) must
+    raise a family error; the builtin raises left are listed with why no caller meets them."""
+    core = REPO / "core"
+    raised, seen = [], set()
+    for path in sorted(core.rglob("*.py")):
+        visitor = _Raises()
+        visitor.visit(ast.parse(path.read_text()))
+        where = path.relative_to(core).as_posix()
+        for line, name in visitor.found:
+            seen.add((where, name))
+            if (where, name) not in CORE_RAISES:
+                raised.append(f"core/{where}:{line} raise {name}")
+    assert not raised, (
+        "core raises a builtin exception to a caller: raise a family error or list it in "
+        f"CORE_RAISES with why: {raised}"
+    )
+    assert not set(CORE_RAISES) - seen, f"stale CORE_RAISES: {set(CORE_RAISES) - seen}"
 
 
 def test_one_missing_checkpoint_class_and_one_rolled_back_class() -> None:

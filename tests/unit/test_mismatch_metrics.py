@@ -11,13 +11,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from arctic_platform.rl.batch import Batch, BatchError  # noqa: E402
-from arctic_platform.rl.losses import (  # noqa: E402
+from arctic_platform.rl.loss_metrics import (  # noqa: E402
     MISMATCH_METRICS,
+    mismatch_extrema,
+    mismatch_metrics,
+)
+from arctic_platform.rl.losses import (  # noqa: E402
     make_grpo,
     make_importance_sampling,
     make_ppo,
-    mismatch_extrema,
-    mismatch_metrics,
 )
 
 # Trained tokens (row, position): (0, 1), (0, 2), (1, 2). Trainer (old) probabilities there:

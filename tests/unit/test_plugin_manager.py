@@ -465,7 +465,7 @@ def test_unknown_messages_are_exact():
         "(A plugin providing it may not be installed: see `arctic-rl plugins list`.)"
     )
     assert reg.unknown_message("loss", "grpo2") == (
-        "Unknown loss 'grpo2'. Installed: cross_entropy, grpo, importance_sampling, ppo. "
+        "Unknown loss 'grpo2'. Installed: cispo, cross_entropy, dro, grpo, importance_sampling, ppo. "
         "Did you mean 'grpo'?"
     )
     assert reg.unknown_message("backend", 7) == (

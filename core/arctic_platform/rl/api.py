@@ -73,13 +73,8 @@ from arctic_platform.rl.interfaces import (
     TrainingEngine,
 )
 from arctic_platform.rl.lazy_names import lazy_names
-from arctic_platform.rl.losses import (
-    MISMATCH_METRICS,
-    LossOutput,
-    aggregate,
-    mismatch_extrema,
-    mismatch_metrics,
-)
+from arctic_platform.rl.loss_metrics import MISMATCH_METRICS, mismatch_extrema, mismatch_metrics
+from arctic_platform.rl.losses import LossOutput, aggregate
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,

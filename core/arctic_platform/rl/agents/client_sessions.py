@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from arctic_platform.rl.errors import InvalidRequestError
+
 
 class SessionHandle(BaseModel):
     """An open agent session: give ``base_url`` and ``api_key`` to any OpenAI client.
@@ -36,7 +38,9 @@ class SessionMethods:
         weight versions are refused, and it expires ``ttl`` s after its last use."""
         job_id = self.job_ids.get("sampling")
         if job_id is None:
-            raise ValueError("this client has no sampling job to open a session on")
+            raise InvalidRequestError(
+                "this client has no sampling job to open a session on (sampling_gpus=0)"
+            )
         payload: dict[str, Any] = {"job_id": job_id}
         if max_staleness is not None:
             payload["max_staleness"] = max_staleness
