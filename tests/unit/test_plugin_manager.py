@@ -465,8 +465,8 @@ def test_unknown_messages_are_exact():
         "(A plugin providing it may not be installed: see `arctic-rl plugins list`.)"
     )
     assert reg.unknown_message("loss", "grpo2") == (
-        "Unknown loss 'grpo2'. Installed: cispo, cross_entropy, dro, grpo, importance_sampling, ppo. "
-        "Did you mean 'grpo'?"
+        "Unknown loss 'grpo2'. Installed: cispo, cross_entropy, dro, grpo, "
+        "importance_sampling, ppo. Did you mean 'grpo'?"
     )
     assert reg.unknown_message("backend", 7) == (
         "Unknown backend 7. Installed: alpha, later, zeta. "
