@@ -115,7 +115,13 @@ def test_close_removes_everything(netns_cluster_factory: Callable[..., NetnsClus
     cluster = netns_cluster_factory(workers=0, clients=1)  # Ray on the head only
     client = cluster.client_hosts[0]
     stray = cluster.run_in(client, ["sh", "-c", "sleep 600 & sleep 600"])
-    pids = {p for ns in cluster.namespaces for p in netns_pids(ns)}
+    # `ip netns exec` enters the namespace a moment after it starts (seen missing once in CI)
+    deadline = time.monotonic() + 30
+    while True:
+        pids = {p for ns in cluster.namespaces for p in netns_pids(ns)}
+        if (stray.pid in pids and len(pids) > 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert stray.pid in pids and len(pids) > 2
     assert cluster.leftovers()  # all there before close
     cluster.close()

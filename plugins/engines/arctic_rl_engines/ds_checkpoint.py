@@ -56,12 +56,15 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 
 def write_marker(path: Path, meta: dict[str, Any]) -> None:
-    """Write the completion marker (last file of a checkpoint), flushed to disk."""
+    """Write the completion marker (last file of a checkpoint), flushed to disk and renamed
+    into place, so a marker that exists is whole (a kill mid-write leaves only the part)."""
     target = path / CHECKPOINT_MARKER
-    with open(target, "w") as f:
+    part = path / f".{CHECKPOINT_MARKER}.part"
+    with open(part, "w") as f:
         json.dump({"format_version": FORMAT_VERSION, **meta}, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(part, target)
 
 
 def publish(tmp: Path, final: Path) -> None:
