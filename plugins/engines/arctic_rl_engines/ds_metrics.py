@@ -38,19 +38,26 @@ def add_extrema(lows_highs: dict[str, list[Any]], extrema: Mapping[str, Any]) ->
             acc[0], acc[1] = torch.minimum(acc[0], low), torch.maximum(acc[1], high)
 
 
+def _agreed(names: Any, world: int) -> None:
+    """Check that every rank reports the same ``names`` (one gather; every rank calls it)."""
+    import torch.distributed as dist
+
+    if world > 1:
+        seen: list[Any] = [None] * world
+        dist.all_gather_object(seen, names)
+        if any(s != names for s in seen):
+            raise EngineError(f"ranks report different metrics: {seen}")
+
+
 def _reduce_extrema(lows_highs: dict[str, list[Any]], world: int) -> dict[str, float]:
-    """``{name}.min``/``{name}.max`` over all ranks; a name no token reached is left out."""
+    """``{name}.min``/``{name}.max`` over all ranks (whose names agree: ``reduce_metrics``
+    checks them); a name no token reached is left out."""
     import math
 
     import torch
     import torch.distributed as dist
 
     names = sorted(lows_highs)
-    if world > 1:
-        seen: list[Any] = [None] * world
-        dist.all_gather_object(seen, names)
-        if any(s != names for s in seen):
-            raise EngineError(f"ranks report different extrema: {seen}")
     if not names:
         return {}
     lows = torch.stack([lows_highs[n][0] for n in names])
@@ -94,11 +101,7 @@ def reduce_metrics(
     import torch.distributed as dist
 
     names = sorted(sums)
-    if world > 1:
-        seen: list[Any] = [None] * world
-        dist.all_gather_object(seen, names)
-        if any(s != names for s in seen):
-            raise EngineError(f"ranks report different metrics: {seen}")
+    _agreed((names, sorted(extrema or {})), world)
     flat = [torch.as_tensor(v, dtype=torch.float64).cpu() for n in names for v in sums[n]]
     vec = torch.stack(flat) if flat else torch.zeros(0, dtype=torch.float64)
     if world > 1 and vec.numel():
