@@ -270,6 +270,13 @@ class RolloutSide:
     metrics: dict[str, tuple[torch.Tensor, torch.Tensor]]
     extrema: dict[str, tuple[torch.Tensor, torch.Tensor]]
 
+    def log_ratio(self, log_probs: torch.Tensor) -> torch.Tensor:
+        """``log_probs - old`` on the trained tokens, 0 elsewhere (with gradient)."""
+        import torch
+
+        selected = self.batch["loss_mask"] != 0
+        return torch.where(selected, log_probs - self.old, torch.zeros_like(log_probs))
+
 
 class CorrectedLoss(BuiltinLoss):
     """A policy-gradient loss: the sampler/trainer mismatch measured whenever the batch has
@@ -289,6 +296,23 @@ class CorrectedLoss(BuiltinLoss):
             return None
         kept = kept_tokens(old, rollout, batch["loss_mask"], config)
         return float(kept.sum()), float((kept != 0).any(dim=-1).sum())
+
+    def _policy_gradient(
+        self,
+        pg: torch.Tensor,
+        log_probs: torch.Tensor,
+        side: RolloutSide,
+        config: Mapping[str, Any],
+        penalty: torch.Tensor | None = None,
+    ) -> LossOutput:
+        """The per-token policy-gradient term ``pg`` times the correction's weights, plus an
+        unweighted ``penalty`` and the KL and entropy terms, aggregated (primary: pg_loss)."""
+        if side.is_weights is not None:
+            pg = pg * side.is_weights
+        side.metrics["_primary_values"] = (pg, side.batch["loss_mask"])
+        per_token = pg if penalty is None else pg + penalty
+        per_token = self._regularise(per_token, log_probs, side.batch, config, side.metrics)
+        return self._finish(per_token, "pg_loss", side.batch, config, side.metrics, side.extrema)
 
     def _rollout_side(
         self, log_probs: torch.Tensor, batch: Mapping[str, Any], config: Mapping[str, Any]
@@ -351,10 +375,8 @@ class PolicyGradientLoss(CorrectedLoss):
         side = self._rollout_side(log_probs, batch, config)
         batch = side.batch
         weights = batch["loss_mask"]
-        selected = weights != 0
         advantages = batch["advantages"]
-        diff = torch.where(selected, log_probs - side.old, torch.zeros_like(log_probs))
-        ratio = torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        ratio = torch.exp(side.log_ratio(log_probs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
         unclipped = -advantages * ratio
         clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
@@ -367,12 +389,8 @@ class PolicyGradientLoss(CorrectedLoss):
             dual = (advantages < 0) & (pg > cap)
             pg = torch.where(advantages < 0, torch.minimum(pg, cap), pg)
             metrics["dual_clip_frac"] = token_metric(dual.to(pg.dtype), weights)
-        if side.is_weights is not None:
-            pg = pg * side.is_weights
         metrics["ratio"] = token_metric(ratio, weights)
-        metrics["_primary_values"] = (pg, weights)
-        per_token = self._regularise(pg, log_probs, batch, config, metrics)
-        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
+        return self._policy_gradient(pg, log_probs, side, config)
 
 
 class ImportanceSamplingLoss(CorrectedLoss):
@@ -395,16 +413,10 @@ class ImportanceSamplingLoss(CorrectedLoss):
         side = self._rollout_side(log_probs, batch, config)
         batch = side.batch
         weights = batch["loss_mask"]
-        diff = torch.where(weights != 0, log_probs - side.old, torch.zeros_like(log_probs))
-        ratio = torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        ratio = torch.exp(side.log_ratio(log_probs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         pg = -batch["advantages"] * ratio
-        if side.is_weights is not None:
-            pg = pg * side.is_weights
-        metrics = side.metrics
-        metrics["ratio"] = token_metric(ratio, weights)
-        metrics["_primary_values"] = (pg, weights)
-        per_token = self._regularise(pg, log_probs, batch, config, metrics)
-        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
+        side.metrics["ratio"] = token_metric(ratio, weights)
+        return self._policy_gradient(pg, log_probs, side, config)
 
 
 class CISPOLoss(CorrectedLoss):
@@ -433,19 +445,13 @@ class CISPOLoss(CorrectedLoss):
         side = self._rollout_side(log_probs, batch, config)
         batch = side.batch
         weights = batch["loss_mask"]
-        diff = torch.where(weights != 0, log_probs - side.old, torch.zeros_like(log_probs))
-        ratio = torch.exp(diff.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        ratio = torch.exp(side.log_ratio(log_probs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
         clipped = ratio.clamp(max(0.0, 1.0 - low), 1.0 + high)
         pg = -clipped * batch["advantages"] * log_probs
-        if side.is_weights is not None:
-            pg = pg * side.is_weights
-        metrics = side.metrics
-        metrics["clip_frac"] = token_metric((clipped != ratio).to(pg.dtype), weights)
-        metrics["ratio"] = token_metric(ratio, weights)
-        metrics["_primary_values"] = (pg, weights)
-        per_token = self._regularise(pg, log_probs, batch, config, metrics)
-        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
+        side.metrics["clip_frac"] = token_metric((clipped != ratio).to(pg.dtype), weights)
+        side.metrics["ratio"] = token_metric(ratio, weights)
+        return self._policy_gradient(pg, log_probs, side, config)
 
 
 class DROLoss(CorrectedLoss):
@@ -473,21 +479,13 @@ class DROLoss(CorrectedLoss):
 
     def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
         """Per-micro-batch loss share and metrics (pg_loss, kl, entropy)."""
-        import torch
 
         config = config or self.configure(None)
         side = self._rollout_side(log_probs, batch, config)
-        batch = side.batch
-        weights = batch["loss_mask"]
-        diff = torch.where(weights != 0, log_probs - side.old, torch.zeros_like(log_probs))
-        pg = -batch["advantages"] * log_probs
-        if side.is_weights is not None:
-            pg = pg * side.is_weights
-        per_token = pg + 0.5 * float(config["beta"]) * diff * diff
-        metrics = side.metrics
-        metrics["_primary_values"] = (pg, weights)
-        per_token = self._regularise(per_token, log_probs, batch, config, metrics)
-        return self._finish(per_token, "pg_loss", batch, config, metrics, side.extrema)
+        diff = side.log_ratio(log_probs)
+        pg = -side.batch["advantages"] * log_probs
+        penalty = 0.5 * float(config["beta"]) * diff * diff
+        return self._policy_gradient(pg, log_probs, side, config, penalty)
 
 
 class CrossEntropyLoss(BuiltinLoss):
