@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from arctic_rl_demo.lookup_run import LookupRun, LookupSettings
+from arctic_rl_demo.mismatch import draw_mismatch, mismatch_rows, mismatch_summary
 
 
 def summarize(
@@ -43,6 +44,7 @@ def summarize(
         "first5_reward": sum(rewards[:k]) / k if k else 0.0,
         "last5_reward": sum(rewards[-k:]) / k if k else 0.0,
         "rollout_errors": sum(r["errors"] for r in rl),
+        **mismatch_summary(rl),
         "sft_checkpoint": run.sft_checkpoint,
         "setup_seconds": seconds["setup"],
         "sft_seconds": seconds.get("sft", 0.0),
@@ -75,6 +77,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"| RL phase (with its evaluations) | {summary['rl_seconds']:.1f} s |",
         f"| total | {summary['total_seconds']:.1f} s |",
     ]
+    lines.extend(mismatch_rows(summary))
     for name, sec in summary["mean_step_seconds_by_phase"].items():
         lines.append(f"| GRPO step time: {name} | {sec:.3f} s |")
     return "\n".join(lines) + "\n"
@@ -82,7 +85,8 @@ def summary_table(summary: dict[str, Any]) -> str:
 
 def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) -> None:
     """Train reward and held-out success over the GRPO steps (0: after the warm start; the
-    success before it is in the legend), saved at ``path``."""
+    success before it is in the legend), and the mismatch of each GRPO step under them,
+    saved at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +97,9 @@ def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) ->
     before = [r["heldout_success"] for r in evals if r["rl_step"] < 0]
     after = [r for r in evals if r["rl_step"] >= 0]
     xs = [r["rl_step"] for r in after]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, (ax, low) = plt.subplots(
+        2, 1, figsize=(8, 6.4), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
     ax.plot(
         [r["step"] + 1 for r in rl],
         [r["reward_mean"] for r in rl],
@@ -109,7 +115,8 @@ def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) ->
     )
     ax.plot(xs, [r["heldout_key_right"] for r in after], "x--", label="held-out: right key called")
     warm = settings.sft_short_steps + settings.sft_steps
-    ax.set_xlabel(f"GRPO step (0: after {warm} warm-start steps)")
+    draw_mismatch(low, [r["step"] + 1 for r in rl], rl)
+    low.set_xlabel(f"GRPO step (0: after {warm} warm-start steps)")
     ax.set_ylabel("success")
     ax.set_title(
         f"Arctic RL demo: lookup agent (openai-agents), {settings.model_size} model, CPU", pad=10

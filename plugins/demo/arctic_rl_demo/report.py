@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from arctic_rl_demo.mismatch import draw_mismatch, mismatch_rows, mismatch_summary
 from arctic_rl_demo.run import DemoRun, DemoSettings
 
 
@@ -51,6 +52,7 @@ def summarize(
         "generation_overlap_seconds": sum(r["generation_overlap_seconds"] for r in rl),
         "rollouts_overlapping_training": sum(1 for r in rl if r["generation_overlap_seconds"] > 0),
         "mean_importance_ratio": sum(r["ratio"] for r in rl) / n,
+        **mismatch_summary(rl),
         "sft_checkpoint": run.sft_checkpoint,
         "setup_seconds": seconds["setup"],
         "sft_seconds": seconds.get("sft", 0.0),
@@ -98,13 +100,15 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"| RL steps per second (evaluations excluded) | {summary['rl_steps_per_second']:.3f} |",
         f"| total | {summary['total_seconds']:.1f} s |",
     ]
+    lines.extend(mismatch_rows(summary))
     for name, sec in summary["mean_step_seconds_by_phase"].items():
         lines.append(f"| RL step time: {name} | {sec:.3f} s |")
     return "\n".join(lines) + "\n"
 
 
 def plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> None:
-    """Train reward and held-out exact match over the optimizer steps, saved at ``path``."""
+    """Train reward and held-out exact match over the optimizer steps, and the mismatch of
+    each GRPO step under them, saved at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,7 +117,9 @@ def plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> N
     sft = settings.sft_steps
     rl = [r for r in records if r["phase"] == "rl"]
     evals = [r for r in records if r["phase"] == "eval"]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, (ax, low) = plt.subplots(
+        2, 1, figsize=(8, 6.4), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
     ax.plot(
         [sft + r["step"] + 1 for r in rl],
         [r["reward_mean"] for r in rl],
@@ -129,7 +135,8 @@ def plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> N
     ax.axvline(sft, color="grey", linestyle="--")
     ax.text(sft, 1.02, " SFT | GRPO", color="grey", va="bottom", ha="center")
     mode = "async, one-step off-policy" if settings.async_mode else "sync"
-    ax.set_xlabel("optimizer step (SFT steps, then GRPO steps)")
+    draw_mismatch(low, [sft + r["step"] + 1 for r in rl], rl)
+    low.set_xlabel("optimizer step (SFT steps, then GRPO steps)")
     ax.set_ylabel("exact match")
     ax.set_title(
         f"Arctic RL demo: reverse {settings.digits} digits, {settings.model_size} model, CPU "
