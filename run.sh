@@ -48,6 +48,19 @@ verifiers_venv() {
     "$PY" tests/support/verifiers_venv.py >/dev/null
 }
 
+# Prometheus (the Debian package; its service is not started) for the metrics tests and for
+# `arctic-rl prometheus`; skipped where it is on the PATH already or apt is not ours to use.
+prometheus_binary() {
+    command -v prometheus >/dev/null && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "note: no prometheus binary and no root apt: the Prometheus tests will fail" >&2
+        return 0
+    fi
+    echo "==> installing prometheus (Debian package)"
+    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus)
+    "${apt[@]}" >/dev/null || { apt-get update -q >/dev/null && "${apt[@]}" >/dev/null; }
+}
+
 cmd="${1:-help}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -59,6 +72,7 @@ case "$cmd" in
     test)
         setup
         verifiers_venv
+        prometheus_binary
         # the project's own modules (an editable install, which pip does not byte-compile):
         # compiled once here, so the tests' hundreds of server and worker processes load them
         # instead of compiling them each (where PYTHONDONTWRITEBYTECODE is set, none is cached)

@@ -89,7 +89,10 @@ def start(model: str, home: Path) -> LiveServer:
     from arctic_platform.rl.testing import free_port
 
     port = free_port()
-    with arctic_home(home):
+    # metrics exported every second (Ray's default: 10 s) for the Prometheus test, with a
+    # nominal device peak so the MFU estimate exists on the CPU
+    metrics = {"RAY_metrics_report_interval_ms": "1000", "ARCTIC_RL_PEAK_FLOPS": "1e12"}
+    with arctic_home(home, **metrics):
         client = ArcticRLClient(client_config(model, port), progress=False)
     backend = client.backend
     run_dir = Path(backend.run_dir)  # type: ignore[attr-defined]

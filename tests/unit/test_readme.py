@@ -15,6 +15,15 @@ def test_readme_config_reference_matches_the_models():
     assert text[start:end] == readme_section(), "run `arctic-rl config reference` into README"
 
 
+def test_readme_metric_list_matches_the_families():
+    from arctic_platform.rl.observe import families
+
+    text = README.read_text()
+    start = text.index(families.README_BEGIN)
+    end = text.index(families.README_END) + len(families.README_END)
+    assert text[start:end] == families.readme_section(), "regenerate the README's metric list"
+
+
 def test_readme_names_the_two_commands_and_ci_runs_the_test_one():
     text = README.read_text()
     assert "./run.sh demo" in text and "./run.sh test" in text

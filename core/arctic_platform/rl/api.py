@@ -2,7 +2,8 @@
 
 Everything a backend, transport, engine or loss plugin needs from core is re-exported here:
 the hook marker and spec types, the interfaces and protocols, the config models, the errors,
-the wire models and operations table, the frame codec and batch checks, a few helpers, and
+the wire models and operations table, the frame codec and batch checks, the metrics
+recorder (``METRICS``, ``metrics_enabled``, ``record_http_bytes``), a few helpers, and
 ``http_common`` (the JSON, error and client plumbing the HTTP apps and clients share), and
 the web kit (``serve_http``, the token rule, ``TokenGuard``/``GuardLayer``/``BodyLimit``,
 ``install_openapi``) that every HTTP front-end serves with, and the agent sessions'
@@ -76,6 +77,9 @@ from arctic_platform.rl.lazy_names import lazy_names
 from arctic_platform.rl.loss_metrics import MISMATCH_METRICS, mismatch_extrema, mismatch_metrics
 from arctic_platform.rl.losses import LossOutput, aggregate
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
+from arctic_platform.rl.observe.recorder import RECORDER as METRICS
+from arctic_platform.rl.observe.recorder import metrics_enabled
+from arctic_platform.rl.observe.server_metrics import record_http_bytes
 from arctic_platform.rl.plugins import (
     ENGINE_ROLES,
     BackendSpec,
@@ -95,6 +99,7 @@ from arctic_platform.rl.run_dirs import (
     server_run_dir,
     write_private,
 )
+from arctic_platform.rl.web.byte_counter import ByteCounter
 from arctic_platform.rl.web.guards import (
     BEARER_REFUSED,
     BodyLimit,
@@ -169,6 +174,7 @@ __all__ = [
     "ENGINE_ROLES",
     "FRAME_CONTENT_TYPE",
     "LORA_RANKS",
+    "METRICS",
     "MISMATCH_METRICS",
     "OPERATIONS",
     "PER_TOKEN_FIELDS",
@@ -187,6 +193,7 @@ __all__ = [
     "BatchError",
     "BatchLimits",
     "BodyLimit",
+    "ByteCounter",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ClientTransport",
@@ -268,12 +275,14 @@ __all__ = [
     "is_loopback",
     "is_loopback_address",
     "listening_socket",
+    "metrics_enabled",
     "mismatch_extrema",
     "mismatch_metrics",
     "not_implemented_yet",
     "openai_error",
     "prepare_ray",
     "read_or_create_token",
+    "record_http_bytes",
     "serve_http",
     "server_run_dir",
     "server_socket",

@@ -105,6 +105,24 @@ def _platform_serve(args: argparse.Namespace) -> int:
     return int(serve(tokens_file=args.tokens, **{name: getattr(args, name) for name in passed}))
 
 
+def _prometheus(args: argparse.Namespace) -> int:
+    """Run Prometheus on a run dir's metrics targets."""
+    from arctic_platform.rl.errors import ArcticRLError
+    from arctic_platform.rl.observe.prometheus import run
+
+    try:
+        return run(
+            Path(args.run_dir),
+            host=args.host,
+            port=args.port,
+            binary=args.binary,
+            scrape_seconds=args.scrape_seconds,
+        )
+    except ArcticRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 def _config_reference(args: argparse.Namespace) -> int:
     from arctic_platform.rl.config_doc import readme_section
 
@@ -112,7 +130,7 @@ def _config_reference(args: argparse.Namespace) -> int:
     return 0
 
 
-BUILTIN_COMMANDS = frozenset({"plugins", "config", "serve", "platform"})
+BUILTIN_COMMANDS = frozenset({"plugins", "config", "serve", "platform", "prometheus"})
 """Core's own commands; a plugin command with one of these names is ignored (with a warning)."""
 
 
@@ -223,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a weight sync waits for a peer or a bucket (default 120)",
     )
+    serve.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="export no Prometheus metrics from the server and its workers (ARCTIC_RL_METRICS=0)",
+    )
     serve.add_argument("--log-level", default="info")
     serve.add_argument(
         "--log-file",
@@ -259,6 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pserve.add_argument("--log-level", default="info")
     pserve.set_defaults(handler=_platform_serve)
+
+    prom = sub.add_parser(
+        "prometheus",
+        help="run Prometheus (the distribution's binary) scraping a running server's run dir",
+    )
+    prom.add_argument("--run-dir", required=True, help="the server's run dir (serve --run-dir)")
+    prom.add_argument("--host", default="127.0.0.1", help="address Prometheus binds")
+    prom.add_argument("--port", type=int, default=9090)
+    prom.add_argument("--binary", help="the prometheus executable (default: from the PATH)")
+    prom.add_argument("--scrape-seconds", type=float, default=5.0, help="scrape interval")
+    prom.set_defaults(handler=_prometheus)
 
     _add_plugin_commands(sub)
     return parser

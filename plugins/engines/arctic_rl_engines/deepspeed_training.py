@@ -109,6 +109,8 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
             )
             module.config.use_cache = False
         self._vocab, self._max_len, self._pad_id = ds_model.model_limits(module.config)
+        # the model's size for the FLOPs and MFU estimates of the worker's metrics
+        self.parameter_count = sum(p.numel() for p in module.parameters())
         if self._lora is not None:
             module = ds_lora.wrap(module, self._lora, config.seed)
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from arctic_platform.rl.api import DEFAULT_ADAPTER, InvalidRequestError, NotFoundError
+from arctic_platform.rl.api import DEFAULT_ADAPTER, METRICS, InvalidRequestError, NotFoundError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -95,6 +96,17 @@ class AdapterBank:
         self.live: str | None = live
         self.parked: dict[str, ParkedAdapter] = {}
         self._fresh_counters = copy.deepcopy(counters())
+        self._report()
+
+    def _report(self, swapped: bool = False) -> None:
+        """The bank's adapters live and parked, and a swap, as metrics (rank 0 only: every
+        rank holds the same bank)."""
+        if os.environ.get("RANK", "0") != "0":
+            return
+        METRICS.set("arctic_rl_lora_adapters", 1.0 if self.live else 0.0, state="live")
+        METRICS.set("arctic_rl_lora_adapters", float(len(self.parked)), state="parked")
+        if swapped:
+            METRICS.inc("arctic_rl_lora_swaps_total")
 
     def names(self) -> list[str]:
         """Every adapter of the bank, the live one first."""
@@ -118,6 +130,7 @@ class AdapterBank:
             hyper=self._hyper(),
             counters=copy.deepcopy(self._fresh_counters),
         )
+        self._report()
 
     def remove(self, name: str) -> None:
         """Forget an adapter; removing the live one leaves the model's LoRA weights unowned."""
@@ -126,6 +139,7 @@ class AdapterBank:
             self.live = None
         else:
             del self.parked[name]
+        self._report()
 
     def use(self, name: str) -> bool:
         """Make ``name`` the live adapter; returns whether anything was swapped."""
@@ -136,6 +150,7 @@ class AdapterBank:
             self.parked[self.live] = self._capture()
         self._restore(self.parked.pop(name))
         self.live = name
+        self._report(swapped=True)
         return True
 
     def parked_bytes(self) -> int:

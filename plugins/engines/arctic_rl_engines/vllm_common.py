@@ -29,6 +29,7 @@ from arctic_platform.rl.api import (
     InvalidRequestError,
     MissingDependencyError,
 )
+from arctic_rl_engines import vllm_metrics
 from arctic_rl_engines.vllm_lora import LoraServing, lora_engine_kwargs, lora_of, named_tensor
 from arctic_rl_engines.vllm_quiet_logs import quiet_per_sync_logs
 
@@ -314,6 +315,7 @@ class VLLMEngine(LoraServing, Engine):
                 config.model_name, bool(overrides.get("trust_remote_code", False))
             )
         self.engine_kwargs = engine_kwargs(config, cuda=self._cuda, max_positions=max_positions)
+        self.engine_kwargs.update(vllm_metrics.stats_kwargs(dict(config.vllm_config or {})))
         quiet_per_sync_logs()
         started = time.monotonic()
         import torch
@@ -336,6 +338,7 @@ class VLLMEngine(LoraServing, Engine):
         except Exception as exc:
             raise EngineError(f"vLLM could not start {config.model_name!r}: {exc}") from exc
         self.start_seconds = time.monotonic() - started
+        self.exports_metrics = vllm_metrics.attach(self._llm)
         model_config = self._llm.llm_engine.model_config
         self.max_model_len: int = int(model_config.max_model_len)
         self.vocab_size: int = int(model_config.get_vocab_size())

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from arctic_platform.rl.api import (
     FRAME_CONTENT_TYPE,
     OPERATIONS,
+    ByteCounter,
     InvalidRequestError,
     Operation,
     RLServer,
@@ -211,6 +212,7 @@ def build_app(
     }
     for exc_type, handler in handlers.items():
         app.add_exception_handler(exc_type, handler)
+    app.add_middleware(ByteCounter, api="arctic_rl")
     return app
 
 

@@ -23,6 +23,7 @@ from arctic_platform.rl.api import (
     ArcticRLError,
     BadRequestError,
     BodyLimit,
+    ByteCounter,
     GuardLayer,
     InvalidRequestError,
     TokenGuard,
@@ -229,7 +230,8 @@ def build_app(frontend: TinkerFrontend, token: str | None) -> FastAPI:
         refused="the API key was refused",
     )
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, respond=_refusal)
-    app.add_middleware(GuardLayer, guard=key, respond=_refusal)  # outermost: the key first
+    app.add_middleware(GuardLayer, guard=key, respond=_refusal)
+    app.add_middleware(ByteCounter, api="tinker")  # outermost: refusals are counted too
 
     def route(path: str, method: str = "POST") -> Any:
         def wrap(handler: Any) -> Any:

@@ -45,6 +45,7 @@ from arctic_platform.rl.agents.store import SessionStore
 from arctic_platform.rl.agents.tool_calls import ParsedCompletion
 from arctic_platform.rl.agents.turns import PromptPlan
 from arctic_platform.rl.errors import BadRequestError, InvalidRequestError, NotFoundError
+from arctic_platform.rl.observe.server_metrics import record_sessions_open, record_turn
 from arctic_platform.rl.server.job_state import Job
 
 logger = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class AgentOps:
         for key, sid in list(self._by_key.items()):
             if sid == session_id:
                 self._by_key.pop(key, None)
+        record_sessions_open(len(self._job_of))
 
     # --- operations ------------------------------------------------------------------------
 
@@ -173,6 +175,7 @@ class AgentOps:
         state = self.store.get(opened.session_id).state
         if self.journal is not None:
             self.journal.opened(state, opened.key, job.job_id)
+        record_sessions_open(len(self._job_of))
         return {
             "session_id": opened.session_id,
             "key": opened.key,
@@ -304,6 +307,8 @@ class AgentOps:
         sampled = [SampledChoice.from_engine(c) for c in completions]
         recorded = session.record_choices(plan, messages, tools, sampled)
         self.store.touch(session.state.session_id)
+        for _ in recorded:
+            record_turn(new_segment=plan.parent is None, prefix_break=plan.prefix_break)
         if self.journal is not None:
             self.journal.recorded(session.state, [turn for turn, _ in recorded])
         return [(t, p, c) for (t, p), c in zip(recorded, completions, strict=True)]

@@ -136,6 +136,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "no_metrics", False):  # this process and the workers it starts
+        os.environ["ARCTIC_RL_METRICS"] = "0"
     token = read_token(args.token_file)
     refusal = token_rule_violation(args.host, token)
     if refusal is not None:

@@ -21,9 +21,16 @@ from arctic_platform.rl import __version__, wire
 from arctic_platform.rl.agents.journal import SessionJournal
 from arctic_platform.rl.batch import Batch, BatchLimits
 from arctic_platform.rl.errors import (
-    ArcticRLError,
     InvalidRequestError,
     JobStateError,
+)
+from arctic_platform.rl.observe import discovery
+from arctic_platform.rl.observe import recorder as observe
+from arctic_platform.rl.observe.server_metrics import (
+    RequestMeter,
+    record_jobs,
+    record_start,
+    record_sync,
 )
 from arctic_platform.rl.server.agent_ops import AgentOps
 from arctic_platform.rl.server.checkpoint_ops import CheckpointOps
@@ -115,6 +122,7 @@ class RLServer(CheckpointOps):
         self._counts: dict[str, int] = defaultdict(int)
         self._errors: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
+        self.requests = RequestMeter()
         self.shutdown_requested = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -136,6 +144,7 @@ class RLServer(CheckpointOps):
         )
         self.jobs.load_previous(resume=self.resume)
         self.agents.load_previous(resume=self.resume)
+        self._observe_cluster()
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="job-monitor")
         self._monitor.start()
         return self
@@ -146,6 +155,17 @@ class RLServer(CheckpointOps):
                 self.jobs.check_alive()
             except Exception as exc:  # never let the monitor die
                 logger.warning("job monitor: %s", exc)
+            self._observe_cluster()
+
+    def _observe_cluster(self) -> None:
+        """Jobs by state, and the Prometheus targets of the cluster's nodes (``observe``)."""
+        if not observe.metrics_enabled():
+            return
+        try:
+            record_jobs(list(self.jobs.jobs.values()))
+            discovery.refresh(self.run_dir)
+        except Exception as exc:  # metrics never stop the monitor
+            logger.debug("metrics: %s", exc)
 
     def close(self) -> None:
         """Stop every job's workers and leave Ray (a cluster started here stops with it).
@@ -172,19 +192,29 @@ class RLServer(CheckpointOps):
             raise InvalidRequestError(f"invalid {name} request: {describe_errors(exc)}") from None
         started = time.monotonic()
         self._counts[name] += 1
+        outcome = self.requests.start(name, self._job_type_of(request))
         try:
             result = getattr(self, name)(request)
             if isinstance(request, wire.SyncWeightsRequest):
                 self.weight_sync.record(request, result)
+                targets = ["sampling"] * bool(request.sampling_job_ids)
+                record_sync(result, targets + ["log_prob"] * bool(request.log_prob_job_ids))
             return result
-        except ArcticRLError:
+        except Exception as exc:
             self._errors[name] += 1
-            raise
-        except Exception:
-            self._errors[name] += 1
+            outcome.failed(exc)
             raise
         finally:
             self._seconds[name] += time.monotonic() - started
+            outcome.done()
+
+    def _job_type_of(self, request: Any) -> str:
+        """The type of the job a request is about (``-`` when none): a bounded label."""
+        job_id = getattr(request, "job_id", None)
+        if job_id is None:
+            job_id = getattr(request, "training_job_id", None)
+        job = self.jobs.jobs.get(job_id) if isinstance(job_id, int) else None
+        return job.job_type if job is not None else "-"
 
     # --- control ------------------------------------------------------------------------
 
@@ -243,6 +273,7 @@ class RLServer(CheckpointOps):
         job = self.jobs.create(
             request.job_type, request.config, colocation_group=request.colocation_group
         )
+        record_start(job.job_type, "create")
         return {"job_id": job.job_id, "state": job.state.value}
 
     def destroy(self, request: wire.JobRequest) -> dict[str, Any]:
@@ -259,6 +290,7 @@ class RLServer(CheckpointOps):
         ``sync_weights`` brings them the trainer's current weights.
         """
         job = self.jobs.restart(request.job_id)
+        record_start(job.job_type, "restart")
         # weight-sync pair worlds kept between syncs were built with the old workers
         self.weight_sync.forget()
         if job.job_type == "training":

@@ -161,13 +161,34 @@ class EngineWorker:
         """
         if method not in ALLOWED_METHODS.get(self.role, frozenset()):
             raise ValueError(f"{method!r} is not an operation of a {self.role} engine")
+        started = time.monotonic()
         engine = self.engine
         if engine is not None and method in getattr(engine, "concurrent_methods", ()):
-            return getattr(engine, method)(*args, **kwargs)
-        with self._lock:
-            if self.engine is None:
-                raise RuntimeError("engine is not set up")
-            return getattr(self.engine, method)(*args, **kwargs)
+            result = getattr(engine, method)(*args, **kwargs)
+        else:
+            with self._lock:
+                if self.engine is None:
+                    raise RuntimeError("engine is not set up")
+                result = getattr(self.engine, method)(*args, **kwargs)
+        self._observe(method, time.monotonic() - started, args, result)
+        return result
+
+    def _observe(self, method: str, seconds: float, args: tuple[Any, ...], result: Any) -> None:
+        """Record the call's metrics (``observe.engine_metrics``); never raises."""
+        from arctic_platform.rl.observe.engine_metrics import record_call
+
+        try:
+            record_call(
+                self.role,
+                method,
+                seconds,
+                args,
+                result,
+                counts_tokens=self.rank == 0,
+                parameters=getattr(self.engine, "parameter_count", None),
+            )
+        except Exception:  # metrics never break the call they observe
+            return
 
     def global_step(self) -> int:
         """The training engine's optimizer step count."""

@@ -22,14 +22,22 @@ def engine_spec(engine: str, job_type: str) -> Any:
     return get_registry().get("engine", engine, role=job_type)
 
 
+PASSED_ON = (
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "ARCTIC_RL_METRICS",
+    "ARCTIC_RL_PEAK_FLOPS",
+)
+"""The server's environment its workers get, also on nodes started elsewhere: the network
+interfaces (otherwise each worker takes the one holding its node's address) and the metrics
+switches (``observe``)."""
+
+
 def user_interface_env() -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` the user set for this server: passed on
-    to the workers (otherwise each worker takes the interface holding its node's address)."""
+    """The variables of ``PASSED_ON`` set for this server: passed on to the workers."""
     import os
 
-    return {
-        k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if os.environ.get(k)
-    }
+    return {k: os.environ[k] for k in PASSED_ON if os.environ.get(k)}
 
 
 def start_workers(
