@@ -8,7 +8,13 @@ carries the sampler's ``rollout_log_probs``, so the figures are the engine's own
 metrics: k3 (KL(sampler||trainer), unbiased, >= 0), k1, and the largest token log-prob gap
 (from the ratio's min and max). The model is the tiny one with its output projection scaled
 so its logits spread like a trained LM's (``sharpened``; float32 on disk); the ratio column is
-each pair's k3 over the all-float32 pair's. Full weights here; LoRA pairs are not measured yet.
+each pair's k3 over the all-float32 pair's.
+
+LoRA pairs (``--lora RANK``, default 16): one adapter (peft's default targets of
+``LoraConfig``, lm_head included; ``lora_B`` drawn at random, since peft starts it at zero and
+an untrained adapter would change nothing) is loaded into vLLM's LoRA path of each sampler
+(float32, bfloat16) and copied into the LoRA parameters of each trainer, so sampler and
+trainer hold the same adapter and differ only in engines and dtypes.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ TRAINERS: dict[str, dict[str, Any]] = {
     "DeepSpeed bf16": {"dtype": "bfloat16"},
     "DeepSpeed bf16 + fp32_lm_head": {"dtype": "bfloat16", "fp32_lm_head": True},
 }
+LORA_SAMPLERS = ("vLLM fp32", "vLLM bf16")
 BASELINE = ("vLLM fp32", "DeepSpeed fp32")
 
 
@@ -40,16 +47,34 @@ def _prompts(count: int) -> list[str]:
     return [f"{i} + {i * 7 % 100} = " + " ".join(words[: 3 + i % 8]) for i in range(count)]
 
 
-def _sample(model: str, vllm_config: dict[str, Any], prompts: list[str], n: int, tokens: int):
-    """The rows one sampler draws: ``input_ids``, ``loss_mask`` and ``rollout_log_probs``."""
-    from arctic_platform.rl.config import ArcticRLClientConfig
+def _sample(
+    model: str,
+    vllm_config: dict[str, Any],
+    prompts: list[str],
+    n: int,
+    tokens: int,
+    adapter: tuple[Any, dict[str, Any]] | None = None,
+):
+    """The rows one sampler draws: ``input_ids``, ``loss_mask`` and ``rollout_log_probs``;
+    with ``adapter`` (its ``LoraConfig`` and tensors) served through vLLM's LoRA path."""
+    from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
     from arctic_rl_engines.vllm_sampling import VLLMSamplingEngine
 
+    training = TrainingConfig(lora=adapter[0]) if adapter else TrainingConfig()
     config = ArcticRLClientConfig(
-        model_name=model, sampling_gpus=1, host="127.0.0.1", seed=0, vllm_config=vllm_config
+        model_name=model,
+        sampling_gpus=1,
+        host="127.0.0.1",
+        seed=0,
+        vllm_config=vllm_config,
+        training_config=training,
     )
     engine = VLLMSamplingEngine(config)
     try:
+        if adapter:
+            from arctic_platform.rl.api import DEFAULT_ADAPTER
+
+            engine.load_adapter(DEFAULT_ADAPTER, 1, adapter[1].items())
         params = {"n": n, "max_tokens": tokens, "temperature": 1.0, "seed": 1}
         outputs = engine.generate(prompts, params)
     finally:
@@ -66,12 +91,20 @@ def _sample(model: str, vllm_config: dict[str, Any], prompts: list[str], n: int,
     return batch
 
 
-def _score(model: str, training: dict[str, Any], batches: dict[str, dict]) -> dict[str, dict]:
-    """One trainer's mismatch metrics against every sampler's rows."""
+def _score(
+    model: str,
+    training: dict[str, Any],
+    batches: dict[str, dict],
+    adapter: tuple[Any, dict[str, Any]] | None = None,
+) -> dict[str, dict]:
+    """One trainer's mismatch metrics against every sampler's rows (with ``adapter`` copied
+    into its LoRA parameters)."""
     from arctic_platform.rl.config import ArcticRLClientConfig, TrainingConfig
     from arctic_platform.rl.interfaces import EngineContext
     from arctic_platform.rl.plugins import get_registry
 
+    if adapter:
+        training = {**training, "lora": adapter[0]}
     config = ArcticRLClientConfig(
         model_name=model, training_gpus=1, training_config=TrainingConfig(**training)
     )
@@ -81,6 +114,8 @@ def _score(model: str, training: dict[str, Any], batches: dict[str, dict]) -> di
         .create(config, EngineContext(role="training"))
     )
     try:
+        if adapter:
+            _copy_adapter(engine, adapter[1])
         out = {}
         for name, batch in batches.items():
             m = engine.fwd_bwd(batch, "grpo", forward_only=True)
@@ -95,6 +130,60 @@ def _score(model: str, training: dict[str, Any], batches: dict[str, dict]) -> di
     finally:
         engine.close()
         gc.collect()
+
+
+def _alone(function: Any, *args: Any) -> Any:
+    """``function(*args)`` in a fresh interpreter: vLLM's and DeepSpeed's process-wide
+    distributed state do not survive each other's engines in one process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def _copy_adapter(engine: Any, tensors: dict[str, Any]) -> None:
+    """Copy an exported adapter into a DeepSpeed training engine's LoRA parameters (cast to
+    their dtype), checked to be exactly the adapter's tensors."""
+    import torch
+
+    from arctic_rl_engines import ds_lora
+
+    module = engine._engine.module
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, tensor in ds_lora.checked_adapter(module, tensors.items()):
+            params[name].copy_(tensor)
+
+
+def random_adapter(model: str, rank: int, seed: int = 0, scale: float = 0.05):
+    """A ``LoraConfig`` of ``rank`` (default targets) and an adapter for it under peft's
+    export names, ``lora_B`` drawn at ``scale`` (peft starts it at zero)."""
+    import peft
+    import torch
+    import transformers
+
+    from arctic_platform.rl.config import LoraConfig
+
+    lora = LoraConfig(rank=rank, alpha=2.0 * rank)
+    base = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    wrapped = peft.get_peft_model(
+        base,
+        peft.LoraConfig(
+            r=rank,
+            lora_alpha=lora.alpha,
+            target_modules=list(lora.target_modules),
+            lora_dropout=0.0,
+            bias="none",
+        ),
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in wrapped.named_parameters():
+            if "lora_B" in name:
+                param.copy_(scale * torch.randn(param.shape, generator=generator))
+    state = peft.get_peft_model_state_dict(wrapped, save_embedding_layers=False)
+    return lora, {name: t.detach().clone() for name, t in state.items()}
 
 
 def sharpened(source: str, target: Path, logit_std: float) -> str:
@@ -126,8 +215,10 @@ def run(
     max_tokens: int = 32,
     model: str | None = None,
     logit_std: float = 5.0,
+    lora_rank: int = 16,
 ) -> dict:
-    """Every sampler x trainer pair's k3, k1 and largest gap; ratio: k3 over all-fp32's.
+    """Every sampler x trainer pair's k3, k1 and largest gap, with full weights and (when
+    ``lora_rank`` > 0) a LoRA adapter; ratio: k3 over the all-fp32 full-weight pair's.
     Without ``model``: the tiny model with its logits spread to ``logit_std``."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -139,10 +230,20 @@ def run(
         base = str(build_tiny_model(cache / "llama-h128-l2"))
         model = sharpened(base, cache / f"llama-h128-l2-logits{logit_std:g}", logit_std)
     texts = _prompts(prompts)
-    batches = {name: _sample(model, cfg, texts, n, max_tokens) for name, cfg in SAMPLERS.items()}
+    batches = {
+        name: _alone(_sample, model, cfg, texts, n, max_tokens) for name, cfg in SAMPLERS.items()
+    }
     pairs: dict[str, dict[str, dict]] = {}
     for name, training in TRAINERS.items():
-        pairs[name] = _score(model, training, batches)
+        pairs[name] = _alone(_score, model, training, batches)
+    if lora_rank > 0:
+        adapter = random_adapter(model, lora_rank)
+        lora_batches = {
+            f"{name} LoRA": _alone(_sample, model, SAMPLERS[name], texts, n, max_tokens, adapter)
+            for name in LORA_SAMPLERS
+        }
+        for name, training in TRAINERS.items():
+            pairs[f"{name} LoRA"] = _alone(_score, model, training, lora_batches, adapter)
     base = pairs[BASELINE[1]][BASELINE[0]]["k3"]
     for trainer in pairs.values():
         for figures in trainer.values():
@@ -154,6 +255,7 @@ def run(
             "n": n,
             "max_tokens": max_tokens,
             "logit_std": logit_std,
+            "lora_rank": lora_rank,
         },
         "pairs": pairs,
     }
@@ -175,16 +277,23 @@ def rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def table(report: dict[str, Any]) -> str:
-    """The README's table: one row per trainer, one column per sampler, k3 (max gap)."""
-    samplers = list(next(iter(report["pairs"].values())))
-    lines = ["| trainer \\ sampler | " + " | ".join(samplers) + " |"]
-    lines.append("|---" * (len(samplers) + 1) + "|")
-    for trainer, by_sampler in report["pairs"].items():
-        cells = [
-            f"{by_sampler[s]['k3']:.1e} ({by_sampler[s]['max_abs_gap']:.1e})" for s in samplers
-        ]
-        lines.append(f"| {trainer} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """The README's tables: one row per trainer, one column per sampler, k3 (max gap); the
+    LoRA pairs in a second table."""
+    out = []
+    for lora in (False, True):
+        trainers = {t: s for t, s in report["pairs"].items() if t.endswith(" LoRA") == lora}
+        if not trainers:
+            continue
+        samplers = list(next(iter(trainers.values())))
+        lines = ["| trainer \\ sampler | " + " | ".join(samplers) + " |"]
+        lines.append("|---" * (len(samplers) + 1) + "|")
+        for trainer, by_sampler in trainers.items():
+            cells = [
+                f"{by_sampler[s]['k3']:.1e} ({by_sampler[s]['max_abs_gap']:.1e})" for s in samplers
+            ]
+            lines.append(f"| {trainer} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
 
 
 if __name__ == "__main__":
@@ -193,9 +302,14 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--logit-std", type=float, default=5.0)
+    parser.add_argument("--lora", type=int, default=16, help="adapter rank (0: no LoRA pairs)")
     args = parser.parse_args()
     result = run(
-        prompts=args.prompts, n=args.n, max_tokens=args.max_tokens, logit_std=args.logit_std
+        prompts=args.prompts,
+        n=args.n,
+        max_tokens=args.max_tokens,
+        logit_std=args.logit_std,
+        lora_rank=args.lora,
     )
     print(json.dumps(result, indent=2))
     print(table(result))
