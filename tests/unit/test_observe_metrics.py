@@ -69,7 +69,8 @@ class _Captured:
 
 
 class _Live(Recorder):
-    """A recorder that is active and records into a list instead of Ray."""
+    """A recorder that is active and hands its buffers to a list instead of Ray (at
+    ``flush``, as its flusher thread would)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,8 +80,8 @@ class _Live(Recorder):
     def active() -> bool:
         return True
 
-    def _metric(self, family: Any) -> Any:
-        return _Captured(self.log, family.name)
+    def _metric(self, spec: Any) -> Any:
+        return _Captured(self.log, spec.name)
 
 
 @pytest.fixture
@@ -115,6 +116,7 @@ def test_gauges_are_kept_for_refresh_and_counters_skip_non_positive_values(live)
     live.set("arctic_rl_train_grad_norm", 1.5, job_type="training")
     assert live.gauges("arctic_rl_train_grad_norm") == {(("job_type", "training"),): 1.5}
     live.inc("arctic_rl_engine_tokens_total", 0, job_type="training", operation="fwd_bwd")
+    live.flush()
     assert [e for e in live.log if e[0] == "inc"] == []
     live.forget("arctic_rl_train_grad_norm", job_type="training")
     assert live.gauges("arctic_rl_train_grad_norm") == {}
@@ -123,11 +125,13 @@ def test_gauges_are_kept_for_refresh_and_counters_skip_non_positive_values(live)
 def test_a_recording_failure_never_reaches_the_caller(monkeypatch):
     rec = _Live()
 
-    def broken(family: Any) -> Any:
+    def broken(spec: Any) -> Any:
         raise RuntimeError("agent gone")
 
     monkeypatch.setattr(rec, "_metric", broken)
-    rec.inc("arctic_rl_job_starts_total", job_type="training", reason="create")  # logged once
+    monkeypatch.setattr(rec, "_keep", lambda: None)
+    rec.inc("arctic_rl_job_starts_total", job_type="training", reason="create")
+    rec.flush()  # logged once, not raised
 
 
 def test_refresh_is_half_the_export_period_within_bounds(monkeypatch):
@@ -152,6 +156,7 @@ def test_a_request_is_counted_timed_and_its_error_recorded(live):
     boom = meter.start("step", "training")
     boom.failed(RuntimeError("engine bug"))
     boom.done()
+    live.flush()
     counted = [
         (e[3]["operation"], e[3]["status"]) for e in live.log if e[1].endswith("requests_total")
     ]
@@ -182,6 +187,7 @@ def test_a_sync_records_its_kind_bytes_seconds_and_version(live):
     server_metrics.record_sync(
         {"weight_version": 3, "bytes": 1000, "seconds": 0.2, "adapter": "a"}, ["sampling"]
     )
+    live.flush()
     assert ("inc", "arctic_rl_weight_sync_bytes_total", 1000.0, {"kind": "adapter"}) in live.log
     assert live.gauges("arctic_rl_weight_version") == {
         (("job_type", "sampling"),): 3.0,
@@ -193,6 +199,7 @@ def test_engine_calls_record_tokens_rates_step_figures_and_flops(live, monkeypat
     monkeypatch.setenv("ARCTIC_RL_PEAK_FLOPS", "1e9")
     batch = SimpleNamespace(num_tokens=100)
     engine_metrics.record_call("training", "fwd_bwd", 0.5, (batch,), {"loss": 1.0}, parameters=1000)
+    live.flush()
     assert (
         "inc",
         "arctic_rl_engine_tokens_total",
@@ -207,6 +214,7 @@ def test_engine_calls_record_tokens_rates_step_figures_and_flops(live, monkeypat
     assert live.gauges("arctic_rl_train_learning_rate") == {(("job_type", "training"),): 1e-3}
     generated = [{"completions": [{"token_ids": [1, 2, 3]}, {"token_ids": [4]}]}]
     engine_metrics.record_call("sampling", "generate", 0.2, ([[1]], {}), generated)
+    live.flush()
     assert (
         "inc",
         "arctic_rl_engine_tokens_total",
@@ -219,6 +227,7 @@ def test_engine_calls_record_tokens_rates_step_figures_and_flops(live, monkeypat
 def test_only_rank_zero_counts_a_training_batch(live):
     batch = SimpleNamespace(num_tokens=100)
     engine_metrics.record_call("training", "fwd_bwd", 0.5, (batch,), {}, counts_tokens=False)
+    live.flush()
     assert not [e for e in live.log if e[1] == "arctic_rl_engine_tokens_total"]
     assert [e for e in live.log if e[1] == "arctic_rl_engine_call_duration_seconds"]
 
@@ -248,3 +257,42 @@ def test_the_prometheus_command_writes_its_config_or_names_what_is_missing(tmp_p
     assert "--web.listen-address=127.0.0.1:19999" in argv
     config = (tmp_path / "prometheus" / "prometheus.yml").read_text()
     assert str(tmp_path / discovery.TARGETS_FILE) in config
+
+
+def test_records_wait_in_buffers_until_a_flush_sums_counters_and_keeps_every_observation(live):
+    for _ in range(3):
+        live.inc("arctic_rl_train_steps_total", job_type="training")
+        live.observe("arctic_rl_engine_call_duration_seconds", 0.1, job_type="t", operation="o")
+    assert live.log == []  # nothing reaches Ray on the recording path
+    live.flush()
+    assert [e for e in live.log if e[0] == "inc"] == [
+        ("inc", "arctic_rl_train_steps_total", 3.0, {"job_type": "training"})
+    ]
+    assert len([e for e in live.log if e[0] == "observe"]) == 3
+    live.log.clear()
+    live.flush()  # counters and histograms were handed over once; nothing new
+    assert [e for e in live.log if e[0] != "set"] == []
+
+
+def test_the_ray_stand_in_buffers_vllms_records_with_their_tags(live):
+    from arctic_platform.rl.observe import deferred_metrics
+
+    gauge = deferred_metrics.Gauge("vllm_num_requests_running", "", ("model_name", "ReplicaId"))
+    gauge.set_default_tags({"ReplicaId": ""})
+    gauge.set(2, tags={"model_name": "m"})
+    counter = deferred_metrics.Counter("vllm_generation_tokens_total", "", ("model_name",))
+    counter.inc(5, tags={"model_name": "m"})
+    counter.inc(0, tags={"model_name": "m"})
+    hist = deferred_metrics.Histogram("vllm_ttft_seconds", "", ("model_name",), [0.1, 1.0])
+    hist.observe(0.3, tags={"model_name": "m"})
+    with pytest.raises(ValueError, match="takes tags"):
+        counter.inc(1, tags={"other": "x"})
+    live.flush()
+    assert (
+        "set",
+        "vllm_num_requests_running",
+        2.0,
+        {"ReplicaId": "", "model_name": "m"},
+    ) in live.log
+    assert ("inc", "vllm_generation_tokens_total", 5.0, {"model_name": "m"}) in live.log
+    assert ("observe", "vllm_ttft_seconds", 0.3, {"model_name": "m"}) in live.log

@@ -77,6 +77,7 @@ from arctic_platform.rl.lazy_names import lazy_names
 from arctic_platform.rl.loss_metrics import MISMATCH_METRICS, mismatch_extrema, mismatch_metrics
 from arctic_platform.rl.losses import LossOutput, aggregate
 from arctic_platform.rl.network import free_port, is_loopback, listening_socket
+from arctic_platform.rl.observe import deferred_metrics
 from arctic_platform.rl.observe.recorder import RECORDER as METRICS
 from arctic_platform.rl.observe.recorder import metrics_enabled
 from arctic_platform.rl.observe.server_metrics import record_http_bytes
@@ -263,6 +264,7 @@ __all__ = [
     "check_serve_token",
     "check_strategy",
     "decode_frame",
+    "deferred_metrics",
     "describe_errors",
     "driver_node_address",
     "effective_sample_size",

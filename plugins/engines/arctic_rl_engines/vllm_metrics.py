@@ -4,7 +4,8 @@ token, ...) exported through Ray's metrics system, as ``ray_vllm_*`` series.
 In an engine worker with metrics on (``metrics_enabled``) and Ray initialised, the engine is
 built with ``disable_log_stats=False`` (unless ``vllm_config`` says otherwise) and its logger
 manager is replaced by one holding only vLLM's ``RayPrometheusStatLogger`` (no periodic log
-line, no process-local Prometheus registry nobody scrapes). vLLM's ``lora_requests_info``
+line, no process-local Prometheus registry nobody scrapes), its records going through the
+process's metric buffers (``deferred_metrics``). vLLM's ``lora_requests_info``
 gauge is dropped: its labels are the names of the adapters running, an unbounded set with
 many LoRA models (``arctic_rl_lora_adapters`` counts them instead).
 """
@@ -15,7 +16,7 @@ import logging
 import sys
 from typing import Any
 
-from arctic_platform.rl.api import metrics_enabled
+from arctic_platform.rl.api import deferred_metrics, metrics_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +42,13 @@ def attach(llm: Any) -> bool:
     if engine is None or getattr(engine, "logger_manager", None) is None or not wanted():
         return False
     try:
-        import ray.util.metrics
         from vllm.v1.metrics import ray_wrappers
         from vllm.v1.metrics.loggers import StatLoggerManager
 
-        if ray_wrappers.ray_metrics is None:  # its import also needs ray[serve], absent here
-            ray_wrappers.ray_metrics = ray.util.metrics
+        # records into the process's metric buffers (handed to Ray by their flusher): no
+        # call into Ray on the engine loop (and ray_wrappers' own import of ray.util.metrics
+        # also needs ray[serve], absent here)
+        ray_wrappers.ray_metrics = deferred_metrics
         manager = StatLoggerManager(
             vllm_config=engine.vllm_config,
             custom_stat_loggers=[ray_wrappers.RayPrometheusStatLogger],
