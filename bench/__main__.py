@@ -27,6 +27,8 @@ BENCHMARKS = {
     "tinker_models": {},
     "agent_sessions": {},
     "mismatch": {},
+    "metrics_overhead": {},
+    "demo_correction": {},  # five demo runs, about 8 minutes
     "soak": {"steps": 2000, "every": 50},  # about 13 minutes on the 2-core machine
 }
 
