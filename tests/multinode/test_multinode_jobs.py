@@ -196,6 +196,43 @@ def test_jobs_are_placed_on_the_nodes_the_status_names_and_ray_agrees(server, ne
     assert alive == sorted(used)
 
 
+def test_prometheus_in_a_client_namespace_scrapes_the_workers_of_every_node(server, netns_cluster):
+    from arctic_platform.rl.observe import prometheus as launcher
+    from arctic_platform.rl.observe.discovery import TARGETS_FILE
+
+    ray_nodes = set(netns_cluster.node_ips) - {h.ip for h in netns_cluster.client_hosts}
+    targets_file = server.run_dir / TARGETS_FILE
+    deadline = time.monotonic() + 60
+    listed: set[str] = set()
+    while listed != ray_nodes and time.monotonic() < deadline:
+        if targets_file.is_file():
+            document = json.loads(targets_file.read_text())
+            listed = {t.rsplit(":", 1)[0] for t in document[0]["targets"]}
+        time.sleep(1)
+    assert listed == ray_nodes  # the server's discovery file names every node's endpoint
+    client = netns_cluster.client_hosts[0]
+    url = f"http://{client.ip}:19090"
+    argv = launcher.command(server.run_dir, host=client.ip, port=19090, scrape_seconds=2)
+    with open(server.run_dir.parent / "prometheus.out", "ab") as out:
+        prom = netns_cluster.run_in(client, argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        workers = sorted(h.ip for h in netns_cluster.worker_hosts)
+        spec = server.run_dir.parent / "prom-check.json"
+        spec.write_text(json.dumps({"url": url, "worker_nodes": workers, "timeout": 150}))
+        done = netns_cluster.exec_python(
+            client, HERE / "prom_check.py", [str(spec)], env=server.env(), timeout=240
+        )
+        seen = _result(done)
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+    # every worker node's engine workers (two training ranks, sampling, log-prob) and the
+    # server on the head, through the one scrape job over the discovery file
+    assert set(workers) <= set(seen["engine_nodes"]), seen
+    assert seen["server_nodes"] == [netns_cluster.head.ip], seen
+    assert {t.rsplit(":", 1)[0] for t in seen["targets_up"]} == ray_nodes, seen
+
+
 def test_a_client_in_another_namespace_reconnects_and_continues(server):
     config = STATE["loop"]["reconnect"]
     result = server.run_client({"phase": "reconnect", "config": config})
