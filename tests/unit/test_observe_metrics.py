@@ -296,3 +296,34 @@ def test_the_ray_stand_in_buffers_vllms_records_with_their_tags(live):
     ) in live.log
     assert ("inc", "vllm_generation_tokens_total", 5.0, {"model_name": "m"}) in live.log
     assert ("observe", "vllm_ttft_seconds", 0.3, {"model_name": "m"}) in live.log
+
+
+def test_the_dashboard_render_draws_each_panel_from_range_queries(tmp_path):
+    from arctic_platform.rl.observe import render
+
+    asked: list[str] = []
+
+    def fetch(path: str, params: dict) -> dict:
+        assert path == "/api/v1/query_range" and "$__" not in params["query"]
+        asked.append(params["query"])
+        if "lora" in params["query"]:
+            return {"data": {"result": []}}
+        values = [[params["start"] + i, str(i)] for i in range(5)] + [[params["end"], "NaN"]]
+        return {"data": {"result": [{"metric": {"job_type": "training"}, "values": values}]}}
+
+    counts = render.render(fetch, tmp_path / "board.png", minutes=5, now=1_000_000.0)
+    board = json.loads(render.DASHBOARD.read_text())
+    titles = [p["title"] for p in render.panels(board)]
+    assert list(counts) == titles and len(titles) >= 20
+    assert counts["LoRA adapters live and parked, and swaps"] == 0
+    assert all(n > 0 for t, n in counts.items() if "LoRA" not in t)
+    assert len(asked) == sum(len(p["targets"]) for p in render.panels(board))
+    assert (tmp_path / "board.png").stat().st_size > 10_000
+
+
+def test_legends_follow_grafanas_format():
+    from arctic_platform.rl.observe.render import legend, promql
+
+    assert legend("{{job_type}} {{operation}}", {"job_type": "t", "operation": "o"}) == "t o"
+    assert legend("", {"b": "2", "a": "1"}) == "a=1,b=2"
+    assert promql("rate(x[$__rate_interval])") == "rate(x[1m])"

@@ -123,6 +123,18 @@ def _prometheus(args: argparse.Namespace) -> int:
         return 2
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    """Draw the shipped dashboard's panels from a running Prometheus into a PNG."""
+    from arctic_platform.rl.observe.render import http_fetch, render
+
+    counts = render(http_fetch(args.prometheus), Path(args.out), minutes=args.minutes)
+    empty = [title for title, n in counts.items() if n == 0]
+    print(f"{args.out}: {len(counts)} panels, {len(counts) - len(empty)} with data")
+    if empty:
+        print("no data: " + "; ".join(empty))
+    return 0
+
+
 def _config_reference(args: argparse.Namespace) -> int:
     from arctic_platform.rl.config_doc import readme_section
 
@@ -130,7 +142,7 @@ def _config_reference(args: argparse.Namespace) -> int:
     return 0
 
 
-BUILTIN_COMMANDS = frozenset({"plugins", "config", "serve", "platform", "prometheus"})
+BUILTIN_COMMANDS = frozenset({"plugins", "config", "serve", "platform", "prometheus", "dashboard"})
 """Core's own commands; a plugin command with one of these names is ignored (with a warning)."""
 
 
@@ -293,6 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     prom.add_argument("--binary", help="the prometheus executable (default: from the PATH)")
     prom.add_argument("--scrape-seconds", type=float, default=5.0, help="scrape interval")
     prom.set_defaults(handler=_prometheus)
+
+    board = sub.add_parser(
+        "dashboard", help="draw the Grafana dashboard's panels from a Prometheus into a PNG"
+    )
+    board.add_argument("--prometheus", default="http://127.0.0.1:9090", help="its URL")
+    board.add_argument("--out", default="arctic-rl-dashboard.png", help="the PNG to write")
+    board.add_argument("--minutes", type=float, default=15.0, help="how far back")
+    board.set_defaults(handler=_dashboard)
 
     _add_plugin_commands(sub)
     return parser

@@ -10,16 +10,16 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from support.servers import spawn, stop, wait_until
 
+from arctic_platform.rl.observe.render import DASHBOARD
+
 pytestmark = pytest.mark.slow
 
-DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "grafana" / "arctic-rl-dashboard.json"
 NEEDS_LORA = {"LoRA adapters live and parked, and swaps"}
 """Panels over a LoRA pool's metrics: the live server trains full weights, so only their
 PromQL is checked here."""
@@ -197,6 +197,22 @@ def test_every_dashboard_panel_has_a_query_with_data(live, prometheus):
         checked += 1
     assert checked >= 20
     assert not empty, f"dashboard panels without data: {empty}"
+
+
+def test_arctic_rl_dashboard_draws_every_panel_from_the_prometheus(live, prometheus, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "board.png"
+    argv = [sys.executable, "-m", "arctic_platform.rl.cli", "dashboard"]
+    argv += ["--prometheus", prometheus.url, "--out", str(out), "--minutes", "5"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.stat().st_size > 10_000
+    no_data = (
+        done.stdout.split("no data: ", 1)[1].strip().split("; ") if "no data" in done.stdout else []
+    )
+    assert set(no_data) <= NEEDS_LORA, done.stdout
 
 
 def test_a_thousand_agent_sessions_add_no_series(live, prometheus):
