@@ -67,6 +67,7 @@ def tinker_server(
     port = free_port()
     log = run_dir / "server.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ARCTIC_RL_HOME": str(run_dir / "home")}
+    env["RAY_metrics_report_interval_ms"] = "1000"  # the pool test reads the LoRA metrics
     command = arctic_rl(
         "serve", "--transport", "tinker", "--host", "127.0.0.1", "--port", str(port),
         "--token-file", str(token_file), "--run-dir", str(run_dir / "server"),

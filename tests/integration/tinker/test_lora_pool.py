@@ -8,6 +8,7 @@ leaves the pool while the other models go on.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +75,33 @@ def _settled_pss(pid: int) -> int:
     return last
 
 
+def _lora_metrics(run_dir: Path, want_swaps: float, timeout: float = 60) -> dict[str, float]:
+    """The pools' adapters live and parked and the swaps, read from the Ray metrics endpoints
+    the server's discovery file lists, once the swaps reach ``want_swaps``."""
+    import json
+    import re
+
+    import httpx
+
+    from arctic_platform.rl.observe.discovery import TARGETS_FILE
+
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = {"live": 0.0, "parked": 0.0, "swaps": 0.0}
+        targets = json.loads((run_dir / TARGETS_FILE).read_text())[0]["targets"]
+        for target in targets:
+            text = httpx.get(f"http://{target}/metrics", timeout=10, trust_env=False).text
+            for line in text.splitlines():
+                state = re.match(r'ray_arctic_rl_lora_adapters\{.*state="(\w+)".*\} (\S+)', line)
+                if state:
+                    seen[state.group(1)] += float(state.group(2))
+                elif line.startswith("ray_arctic_rl_lora_swaps_total{"):
+                    seen["swaps"] += float(line.rsplit(" ", 1)[1])
+        if seen["swaps"] >= want_swaps or time.monotonic() > deadline:
+            return seen
+        time.sleep(1.0)
+
+
 def test_three_models_share_one_pool_and_each_sampler_serves_its_own_adapter(tinker_server):
     import tinker
 
@@ -99,6 +127,10 @@ def test_three_models_share_one_pool_and_each_sampler_serves_its_own_adapter(tin
             for client, sentence in zip(clients, SENTENCES, strict=True):
                 client.forward_backward([_datum(tok.encode(sentence))], "cross_entropy")
                 client.optim_step(adam).result(timeout=600)
+        lora = _lora_metrics(tinker_server.log.parent / "server", want_swaps=6)
+        # one pool: the three models' adapters and the training job's own default one
+        assert lora["live"] == 1 and lora["parked"] == 3, lora
+        assert lora["swaps"] >= 6, lora  # each step of another model swaps its adapter in
         probe = tok.encode(PROBE)
         trainers = []
         for client in clients:
