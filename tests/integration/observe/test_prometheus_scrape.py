@@ -102,11 +102,19 @@ def _exercise(live: Any) -> None:
     agent session's token-in turn."""
     client = live.client
     batch = {"input_ids": [[1, 5, 6, 7, 8], [1, 9, 10]], "advantages": [1.0, -1.0]}
-    client.fwd_bwd(batch)
-    client.step()
+    # every training and sampling result carries its queue and compute seconds and tokens
+    trained = client.fwd_bwd(batch)
+    assert trained["batch_tokens"] == 8 and trained["compute_seconds"] > 0, trained
+    assert trained["queue_seconds"] >= 0
+    stepped = client.step()
+    assert stepped["compute_seconds"] > 0 and stepped["queue_seconds"] >= 0, stepped
     client.sync_weights()
-    client.generate([[1, 5, 6]], {"n": 2, "max_tokens": 4})
-    client.log_probs([[1, 5, 6]], [[7, 8]])
+    sampled = client.generate([[1, 5, 6]], {"n": 2, "max_tokens": 4})
+    assert sampled["prompt_tokens"] == 3 and sampled["compute_seconds"] > 0, sampled
+    made = sum(len(c["token_ids"]) for c in sampled["outputs"][0]["completions"])
+    assert sampled["completion_tokens"] == made
+    scored = client.log_probs([[1, 5, 6]], [[7, 8]])
+    assert scored["tokens"] == 2 and scored["compute_seconds"] > 0, scored
     with httpx.Client(base_url=live.base_url, headers=live.auth, timeout=60) as http:
         refused = http.post(
             "/fwd-bwd",

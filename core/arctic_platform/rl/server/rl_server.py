@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from arctic_platform.rl.observe.server_metrics import (
     record_sync,
 )
 from arctic_platform.rl.server.agent_ops import AgentOps
+from arctic_platform.rl.server.call_clock import CallClock
 from arctic_platform.rl.server.checkpoint_ops import CheckpointOps
 from arctic_platform.rl.server.checkpoints import (
     check_checkpoint_path,
@@ -46,6 +46,7 @@ from arctic_platform.rl.server.ledger import (
     replay_request,
     roll_back_requests,
 )
+from arctic_platform.rl.server.memory_ops import MemoryOps
 from arctic_platform.rl.server.weight_sync_ops import WeightSyncOps, served_weights
 from arctic_platform.rl.wire import describe_errors
 from arctic_platform.rl.wire.operations import BY_NAME
@@ -69,19 +70,7 @@ def _split(items: list[Any], parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _memory_operation(
-    verb: str, role: str, doc: str
-) -> Callable[[RLServer, wire.SleepRequest], dict[str, Any]]:
-    """The ``RLServer`` operation that runs ``verb`` (sleep or wake) on a ``role`` job's ranks."""
-
-    def operation(self: RLServer, request: wire.SleepRequest) -> dict[str, Any]:
-        return self._sleep_or_wake(request, role, verb)
-
-    operation.__doc__ = doc
-    return operation
-
-
-class RLServer(CheckpointOps):
+class RLServer(CheckpointOps, MemoryOps):
     """The server's operations over a ``JobManager`` on Ray."""
 
     def __init__(
@@ -367,9 +356,11 @@ class RLServer(CheckpointOps):
         job = self.jobs.running(request.job_id, "training")
         batch = request.batch.check(self._batch_limits(job))  # built by the request model
         key = request.request_id and f"fb:{request.request_id}"
+        clock = CallClock()
         with job.lock:
             if (replayed := self._replayed(job, key)) is not None:
                 return replayed
+            clock.start()
             base_step = job.global_step
             options = request.adapter_kwargs()
             if request.return_log_probs or request.forward_only:
@@ -380,7 +371,7 @@ class RLServer(CheckpointOps):
             results = self._all_ranks(
                 job, "fwd_bwd", self._shared(batch), request.loss_fn, request.loss_config, **options
             )
-            result = dict(results[0])
+            result = dict(results[0]) | clock.figures(batch_tokens=batch.num_tokens)
             if not request.forward_only:  # the table keeps metrics, not per-token outputs
                 kept = {k: v for k, v in result.items() if k != "log_probs"}
                 self._remember(job, key, base_step, kept)
@@ -397,37 +388,40 @@ class RLServer(CheckpointOps):
                 f"job {job.job_id} is a sampling job; fwd_no_grad needs training or log_prob"
             )
         batch = request.batch.check(self._batch_limits(job))
+        clock = CallClock()
         with job.lock:
+            clock.start()
             if job.job_type == "training":
                 shared = self._shared(batch)
                 named = request.adapter_kwargs()
                 results = self._all_ranks(
                     job, "fwd_no_grad", shared, request.reference_model, **named
                 )
-                return {"log_probs": results[0]}
+                return {"log_probs": results[0], **clock.figures(tokens=batch.num_tokens)}
             rows = list(range(batch.num_rows))
-            return {
-                "log_probs": self._spread(
-                    job,
-                    "fwd_no_grad",
-                    rows,
-                    lambda part: (batch.select(part),),
-                    request.adapter_kwargs(),
-                )
-            }
+            log_probs = self._spread(
+                job,
+                "fwd_no_grad",
+                rows,
+                lambda part: (batch.select(part),),
+                request.adapter_kwargs(),
+            )
+            return {"log_probs": log_probs, **clock.figures(tokens=batch.num_tokens)}
 
     def step(self, request: wire.StepRequest) -> dict[str, Any]:
         """One optimizer step on every rank."""
         job = self.jobs.running(request.job_id, "training")
         key = request.request_id and f"step:{request.request_id}"
+        clock = CallClock()
         with job.lock:
             if (replayed := self._replayed(job, key)) is not None:
                 return replayed
+            clock.start()
             base_step = job.global_step
             adam = request.optimizer_params()
             args = (request.learning_rate, adam) if adam else (request.learning_rate,)
             results = self._all_ranks(job, "step", *args, **request.adapter_kwargs())
-            result = dict(results[0])
+            result = dict(results[0]) | clock.figures()
             job.global_step = int(result.get("global_step", job.global_step + 1))
             self._remember(job, key, base_step, result)
             job.changed()
@@ -485,10 +479,17 @@ class RLServer(CheckpointOps):
         served = self._served(job, request)
         params = dict(request.sampling_params)
         prompts = list(request.prompts)
+        clock = CallClock()
         outputs = self._spread(
             job, "generate", prompts, lambda part: (part, params), request.adapter_kwargs()
         )
-        return {"outputs": outputs, **served}
+        figures = clock.figures(
+            prompt_tokens=sum(len(o.get("prompt_token_ids") or ()) for o in outputs),
+            completion_tokens=sum(
+                len(c.get("token_ids") or ()) for o in outputs for c in o.get("completions", ())
+            ),
+        )
+        return {"outputs": outputs, **served, **figures}
 
     def log_probs(self, request: wire.LogProbsRequest) -> dict[str, Any]:
         """Log-probs of completions from the log-prob job's replicas."""
@@ -499,6 +500,7 @@ class RLServer(CheckpointOps):
                 f"{len(request.prompts)} prompts but {len(request.completions)} completions"
             )
         pairs = list(zip(request.prompts, request.completions, strict=True))
+        clock = CallClock()
         outputs = self._spread(
             job,
             "log_probs",
@@ -506,7 +508,8 @@ class RLServer(CheckpointOps):
             lambda part: ([p for p, _ in part], [c for _, c in part], request.top_k),
             request.adapter_kwargs(),
         )
-        return {"outputs": outputs, **served}
+        tokens = sum(len(o.get("log_probs") or ()) for o in outputs if isinstance(o, dict))
+        return {"outputs": outputs, **served, **clock.figures(tokens=tokens)}
 
     @staticmethod
     def _served(job: Job, request: wire.AdapterRequest) -> dict[str, Any]:
@@ -566,27 +569,6 @@ class RLServer(CheckpointOps):
                 "replicas": [float(v) for v in values],
             }
         return {"norms": norms}
-
-    # --- memory -------------------------------------------------------------------------
-
-    def _sleep_or_wake(self, request: wire.SleepRequest, role: str, method: str) -> dict[str, Any]:
-        job = self.jobs.get(request.job_id)
-        if job.job_type != role:
-            raise JobStateError(
-                f"job {job.job_id} is a {job.job_type} job; this operation is for {role}"
-            )
-        job = self.jobs.running(request.job_id, job.job_type)
-        with job.lock:
-            args = (request.level,) if method == "sleep" else ()
-            results = self._all_ranks(job, method, *args)
-        return {"job_id": job.job_id, "results": results}
-
-    sleep_inference = _memory_operation("sleep", "sampling", "Sleep a sampling job.")
-    wake_inference = _memory_operation("wake", "sampling", "Wake a sampling job.")
-    sleep_training = _memory_operation("sleep", "training", "Offload a training job's state.")
-    wake_training = _memory_operation("wake", "training", "Bring a training job's state back.")
-    sleep_log_prob = _memory_operation("sleep", "log_prob", "Sleep a log-prob job.")
-    wake_log_prob = _memory_operation("wake", "log_prob", "Wake a log-prob job.")
 
 
 __all__ = ["JobState", "RLServer"]
