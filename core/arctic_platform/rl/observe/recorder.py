@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -68,6 +69,7 @@ class MetricSpec:
 Labels = tuple[tuple[str, str], ...]
 
 
+@functools.cache
 def _spec_of(name: str) -> MetricSpec:
     family = BY_NAME[name]
     buckets = SECONDS_BUCKETS if family.kind == "histogram" else ()
