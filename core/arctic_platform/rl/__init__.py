@@ -16,6 +16,7 @@ _LAZY = {
     "ArcticRLClient": "arctic_platform.rl.client",
     "AsyncArcticRLClient": "arctic_platform.rl.client",
     "ArcticRLError": "arctic_platform.rl.errors",
+    "RunTracker": "arctic_platform.rl.tracking",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -35,6 +35,7 @@ from arctic_platform.rl.plugins.specs import (
     CommandSpec,
     EngineSpec,
     LossSpec,
+    TrackerSpec,
     TransportSpec,
 )
 
@@ -109,6 +110,17 @@ class ArcticRLHookSpecs:
                                   action="pkg.cli:run")
         """
 
+    @hookspec
+    def arctic_rl_register_trackers(self) -> Iterable[TrackerSpec]:  # type: ignore[empty-body]
+        """Experiment trackers that ``RunTracker(report_to=[...])`` writes a loop's metrics to.
+
+        Example::
+
+            @hookimpl
+            def arctic_rl_register_trackers():
+                yield TrackerSpec(name="trackio", factory="pkg.tracker:TrackioTracker")
+        """
+
 
 HOOK_KINDS: dict[str, str] = {
     "arctic_rl_register_backends": "backend",
@@ -116,4 +128,5 @@ HOOK_KINDS: dict[str, str] = {
     "arctic_rl_register_engines": "engine",
     "arctic_rl_register_losses": "loss",
     "arctic_rl_register_commands": "command",
+    "arctic_rl_register_trackers": "tracker",
 }

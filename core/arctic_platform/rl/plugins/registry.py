@@ -19,6 +19,7 @@ from arctic_platform.rl.plugins.specs import (
     CommandSpec,
     EngineSpec,
     LossSpec,
+    TrackerSpec,
     TransportSpec,
     normalize_name,
 )
@@ -29,6 +30,7 @@ _SPEC_TYPES: dict[str, type] = {
     "engine": EngineSpec,
     "loss": LossSpec,
     "command": CommandSpec,
+    "tracker": TrackerSpec,
 }
 
 

@@ -12,7 +12,7 @@ from arctic_platform.rl.errors import NotImplementedInThisVersion, PluginError
 
 EngineRole = Literal["training", "sampling", "log_prob"]
 ENGINE_ROLES: tuple[EngineRole, ...] = ("training", "sampling", "log_prob")
-PluginKind = Literal["backend", "transport", "engine", "loss", "command"]
+PluginKind = Literal["backend", "transport", "engine", "loss", "command", "tracker"]
 
 
 def normalize_name(name: str) -> str:
@@ -155,6 +155,12 @@ class LossSpec(_Spec):
     """A loss function for ``fwd_bwd``; ``factory`` returns a ``LossFn``."""
 
     defaults: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrackerSpec(_Spec):
+    """An experiment tracker (``RunTracker(report_to=[NAME])``): ``factory(settings)`` gets a
+    ``TrackerSettings`` and returns an object with ``log(metrics, step)`` and ``close()``."""
 
 
 _COMMAND_NAME = re.compile(r"[a-z][a-z0-9-]*")

@@ -1,0 +1,1 @@
+"""Experiment trackers for ``RunTracker``: tensorboard, mlflow and wandb, one module each."""
