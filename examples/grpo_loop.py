@@ -8,7 +8,10 @@ one) or any Hugging Face model id you have on disk::
 The task: "digits summing to N:" — the reward is computed exactly from the text (a share for
 answering in digits, most of it for how close their sum is to N). Each step prints what you
 watch in a real run: the mean reward of the step's samples, the held-out score (greedy
-answers to prompts training never draws) and the weight version the sampler serves.
+answers to prompts training never draws) and the weight version the sampler serves. With
+``--report-to tensorboard,mlflow,wandb`` the same figures, and everything the platform's answers
+carry (loss, mismatch, grad norm, tokens, queue and compute seconds, sync bytes), go to those
+experiment trackers under ``--log-dir``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import argparse
 import random
 from typing import Any
 
-from arctic_platform.rl import ArcticRLClient, ArcticRLClientConfig
+from arctic_platform.rl import ArcticRLClient, ArcticRLClientConfig, RunTracker
 
 HELD_OUT = [4, 7, 11, 15]  # targets never drawn for training (see train_targets)
 
@@ -83,6 +86,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=7000, help="the local server's port")
+    parser.add_argument(
+        "--report-to",
+        default="none",
+        help="experiment trackers, comma-separated: tensorboard, mlflow, wandb (default none)",
+    )
+    parser.add_argument("--log-dir", default="runs/grpo-loop", help="where the trackers write")
     args = parser.parse_args()
 
     config = ArcticRLClientConfig(
@@ -96,23 +105,33 @@ def main() -> None:
         training_config={"optimizer": {"lr": args.lr}},
     )
     rng = random.Random(args.seed)
-    with ArcticRLClient(config) as client:
+    tracker = RunTracker(args.report_to, args.log_dir, project="grpo-loop", config=vars(args))
+    with ArcticRLClient(config) as client, tracker:
         print(f"before training: held-out {held_out_score(client):.3f}", flush=True)
         for step in range(1, args.steps + 1):
             targets = train_targets(rng, args.prompts)
             prompts = [f"digits summing to {t}:" for t in targets]
             out = client.generate(prompts, {"n": args.group, "max_tokens": 6, "temperature": 1.0})
             batch, rewards = training_batch(targets, out["outputs"])
+            trained: dict[str, Any] = {}
+            stepped: dict[str, Any] = {}
             if any(batch["advantages"]):  # a step where every group tied teaches nothing
-                client.fwd_bwd(batch, loss_fn="grpo")
-                client.step()
-            version = client.sync_weights()["weight_version"]
+                trained = client.fwd_bwd(batch, loss_fn="grpo")
+                stepped = client.step()
+            synced = client.sync_weights()
             mean_reward = sum(rewards) / len(rewards)
+            held_out = held_out_score(client)
             print(
-                f"step {step}: reward {mean_reward:.3f}  held-out {held_out_score(client):.3f}"
-                f"  weight_version {version}",
+                f"step {step}: reward {mean_reward:.3f}  held-out {held_out:.3f}"
+                f"  weight_version {synced['weight_version']}",
                 flush=True,
             )
+            # our answers as they came (texts and token lists are left out), and the loop's own
+            tracker.log(
+                {"reward_mean": mean_reward, "held_out": held_out, "generate": out,
+                 "train": trained, "optim": stepped, "sync": synced},
+                step=step,
+            )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,13 +9,24 @@ and bounded, and that GRPO learns: its train reward rises over the SFT start.
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from arctic_rl_demo.run_log import tracker_step
+from tests.support.example_plugin import install_example_plugin
+from tests.support.tracker_readers import (
+    read_mlflow,
+    read_tensorboard,
+    read_wandb,
+    wandb_run_file,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +41,11 @@ SHORT += ["--prompts-per-step", "4", "--samples-per-prompt", "4"]
 ASYNC_STEPS, ASYNC_SFT_STEPS, DEPTH = 20, 40, 2
 
 
-def _demo(tmp_path: Path, *flags: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def _demo(
+    tmp_path: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path / "demo"
-    env = dict(os.environ, ARCTIC_RL_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
+    env = dict(env or os.environ, ARCTIC_RL_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
     args = [sys.executable, "-m", "arctic_platform.rl.cli", "demo", "--quiet"]
     args += ["--output-dir", str(out), *flags]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
@@ -81,9 +94,15 @@ def _check_run(
     return rl
 
 
-def test_short_sync_demo_writes_curve_plot_and_summary(tmp_path):
-    out, done = _demo(tmp_path, *SHORT)
+def test_short_sync_demo_writes_curve_plot_and_summary_and_reports_to_four_trackers(tmp_path):
+    # the three built-in trackers and a third-party one, installed by its entry point alone
+    env = install_example_plugin(tmp_path / "example-site")
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    trackers = ["--report-to", "tensorboard,mlflow,wandb,example-csv"]
+    out, done = _demo(tmp_path, *SHORT, *trackers, env=env)
     rl = _check_run(out, done, "sync")
+    _check_trackers(out)
     assert all(r["staleness"] == 0 for r in rl)
     assert all("generate" in r["seconds"] for r in rl)
     # every sample of step k came from the weights of step k - 1 (drained before the sync),
@@ -93,6 +112,46 @@ def test_short_sync_demo_writes_curve_plot_and_summary(tmp_path):
     # each update measured the sampler/trainer mismatch: fresh fp32 weights on both sides
     measured = [r["mismatch_k3"] for r in rl if r["mismatch_k3"] is not None]
     assert measured and all(0.0 <= k3 < 1e-3 for k3 in measured), measured
+
+
+def _check_trackers(out: Path) -> None:
+    """Every tracker holds the run's figures at their steps, as ``metrics.jsonl`` has them."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        step = tracker_step(r, SFT_STEPS)
+        for key, value in r.items():
+            if key not in ("phase", "step", "rl_step") and isinstance(value, int | float):
+                expected.setdefault(f"{r['phase']}/{key}", []).append((step, float(value)))
+        for key, value in r.get("seconds", {}).items() if r["phase"] == "rl" else ():
+            expected.setdefault(f"rl/seconds/{key}", []).append((step, float(value)))
+    # the figures the summary prints, and the platform's own (mismatch, sync bytes)
+    for key in ("eval/heldout_exact", "rl/reward_mean", "rl/mismatch_k3", "rl/sync_bytes"):
+        assert key in expected, key
+    csv_rows = list(csv.reader((out / "example-tracker.csv").open()))
+    assert csv_rows[0] == ["run", "arctic-rl-demo", out.name]
+    by_tracker = {
+        "tensorboard": read_tensorboard(out / "tensorboard"),
+        "mlflow": read_mlflow((out / "mlruns").resolve().as_uri(), "arctic-rl-demo")[0],
+        "wandb": read_wandb(wandb_run_file(out))[0],
+        "example-csv": _csv_series(csv_rows[1:]),
+    }
+    for tracker, series in by_tracker.items():
+        assert set(series) == set(expected), (tracker, set(series) ^ set(expected))
+        for key, rows in expected.items():
+            got = series[key]
+            if tracker == "wandb":  # one wandb row per step: the last value logged there
+                rows = list(dict(rows).items())
+            assert [s for s, _ in got] == [s for s, _ in rows], (tracker, key)
+            for (_, a), (_, b) in zip(got, rows, strict=True):
+                assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12), (tracker, key, a, b)
+
+
+def _csv_series(rows: list[list[str]]) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step, name, value in rows:
+        series.setdefault(name, []).append((int(step), float(value)))
+    return series
 
 
 def test_async_budget_demo_keeps_its_schedule_overlaps_bounds_hotswaps_and_learns(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from arctic_platform.rl.network import free_port
+from tests.support.tracker_readers import read_tensorboard
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +33,7 @@ def test_grpo_loop_prints_reward_held_out_and_version_and_learns(
     env = dict(os.environ, ARCTIC_RL_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
     args = [sys.executable, str(EXAMPLES / "grpo_loop.py"), "--model", tiny_model_path]
     args += ["--steps", str(STEPS), "--port", str(free_port())]
+    args += ["--report-to", "tensorboard", "--log-dir", str(tmp_path / "run")]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -45,3 +47,21 @@ def test_grpo_loop_prints_reward_held_out_and_version_and_learns(
     first = sum(row[1] for row in rows[:4]) / 4
     last = sum(row[1] for row in rows[-4:]) / 4
     assert last > first + 0.05, f"reward did not climb: first four {first:.3f}, last {last:.3f}"
+
+    # --report-to: the printed figures and the platform's answers, at each step, in TensorBoard
+    series = read_tensorboard(tmp_path / "run" / "tensorboard")
+    for key, column in (("reward_mean", 1), ("held_out", 2), ("sync/weight_version", 3)):
+        assert [s for s, _ in series[key]] == [row[0] for row in rows], key
+        for (_, value), row in zip(series[key], rows, strict=True):
+            assert abs(value - row[column]) <= 5e-4, (key, value, row)  # printed to 3 places
+    trained_steps = {s for s, _ in series["train/loss"]}
+    assert trained_steps and trained_steps <= {row[0] for row in rows}
+    for key in (
+        "train/mismatch_k3",
+        "train/compute_seconds",
+        "train/batch_tokens",
+        "optim/grad_norm",
+        "generate/completion_tokens",
+        "sync/bytes",
+    ):
+        assert key in series, (key, sorted(series))  # fmt: skip

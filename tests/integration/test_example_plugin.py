@@ -1,42 +1,21 @@
-"""A real third-party package, pip-installed, adds a backend and a loss by entry point alone."""
+"""A real third-party package, pip-installed, adds a backend, a loss and a tracker by entry point
+alone."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "example_plugin"
+from tests.support.example_plugin import install_example_plugin
 
 
 @pytest.fixture(scope="module")
 def installed_example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """pip-installs tests/example_plugin into its own target dir; returns the env to use it."""
-    target = tmp_path_factory.mktemp("example-site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(EXAMPLE),
-        ],
-        check=True,
-    )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(target), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("ARCTIC_RL_PLUGINS", None)
-    env.pop("ARCTIC_RL_DISABLE_PLUGINS", None)
-    return env
+    return install_example_plugin(tmp_path_factory.mktemp("example-site"))
 
 
 def test_config_accepts_the_example_backend_in_a_clean_process(installed_example):
@@ -71,6 +50,7 @@ def test_plugins_list_shows_the_example_plugin(installed_example):
     assert backend["distribution"] == "arctic-rl-example-plugin"
     assert backend["version"] == "0.2.0" and backend["status"] == "loaded"
     assert rows[("loss", "example-loss")]["status"] == "loaded"
+    assert rows[("tracker", "example-csv")]["status"] == "loaded"
 
 
 def test_without_the_package_the_example_backend_is_unknown():

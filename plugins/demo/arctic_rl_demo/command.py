@@ -91,6 +91,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             "sampler's log-probs are the old policy) or none (the trainer's own: ratio 1)",
         ),
     )
+    add(
+        "--report-to",
+        metavar="TRACKERS",
+        help="experiment trackers that get every step's figures, comma-separated "
+        "(tensorboard, mlflow, wandb, or any tracker plugin; default none: metrics.jsonl, "
+        "summary and plot only); files under the output directory, wandb offline without a key",
+    )
     add("--quiet", action="store_true")
 
 

@@ -8,7 +8,6 @@ Every record goes to ``metrics.jsonl``.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from arctic_rl_demo.lookup_grpo import grpo_batch
 from arctic_rl_demo.lookup_sft import prompt_ids, sft_batch
 from arctic_rl_demo.lookup_task import LookupTask
 from arctic_rl_demo.run import MODEL_SIZES
+from arctic_rl_demo.run_log import RunLog, check_report_to
 from arctic_rl_demo.task import CORRECTION_CHOICES, mismatch_record
 
 
@@ -63,8 +63,10 @@ class LookupSettings:
     )
     seed: int = 0
     quiet: bool = False
+    report_to: tuple[str, ...] = ()  # experiment trackers (--report-to), beside metrics.jsonl
 
     def __post_init__(self) -> None:
+        self.report_to = check_report_to(self.report_to)
         if self.steps < 1 or self.sft_steps < 0 or self.sft_short_steps < 0:
             raise ValueError(
                 f"steps={self.steps} must be >= 1, sft_steps={self.sft_steps} and "
@@ -96,22 +98,20 @@ class LookupRun:
         self.task = LookupTask(digits=settings.digits, heldout_size=settings.heldout_size)
         self.player = AgentPlayer(client, self.task, settings.max_tokens)
         self.rng = random.Random(settings.seed)
-        self.metrics_file = (out / "metrics.jsonl").open("w")
-        self.records: list[dict[str, Any]] = []
+        warm_steps = settings.sft_short_steps + settings.sft_steps
+        self.run_log = RunLog(out, settings, settings.report_to, warm_steps)
+        self.records = self.run_log.records
         self.last_eval = 0.0
         self.sft_checkpoint: str | None = None
 
     async def aclose(self) -> None:
         """Close the metrics file and the agent player's connections."""
-        self.metrics_file.close()
+        self.run_log.close()
         await self.player.aclose()
 
     def log(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Append one record to ``metrics.jsonl`` and to the in-memory history."""
-        self.records.append(record)
-        self.metrics_file.write(json.dumps(record) + "\n")
-        self.metrics_file.flush()
-        return record
+        """One record to ``metrics.jsonl``, the in-memory history and the trackers."""
+        return self.run_log.write(record)
 
     async def warm_start(self, bar: Any = None) -> None:
         """Supervised steps on rendered demonstrations (short ones first, then full-length),

@@ -108,7 +108,7 @@ async def _run(settings: DemoSettings) -> dict[str, Any]:
         seconds["rl"] = time.monotonic() - t0
         final = await run.evaluate(s.steps)
     finally:
-        run.metrics_file.close()
+        run.run_log.close()
         await client.shutdown()
     seconds["total"] = time.monotonic() - started
     summary = summarize(run, before, after_sft, final, seconds)

@@ -7,7 +7,6 @@ evaluations, rollouts, and one GRPO update a step (the synchronous loop is ``rl_
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
+from arctic_rl_demo.run_log import RunLog, check_report_to
 from arctic_rl_demo.task import CORRECTION_CHOICES, ReverseDigitsTask, mismatch_record
 
 MODEL_SIZES: dict[str, dict[str, int]] = {
@@ -51,8 +51,10 @@ class DemoSettings:
     seed: int = 0
     quiet: bool = False
     lora_rank: int | None = None  # train a LoRA adapter of this rank instead of every weight
+    report_to: tuple[str, ...] = ()  # experiment trackers (--report-to), beside metrics.jsonl
 
     def __post_init__(self) -> None:
+        self.report_to = check_report_to(self.report_to)
         if self.steps < 1 or self.sft_steps < 0:
             raise ValueError(f"steps={self.steps} must be >= 1 and sft_steps >= 0")
         if self.lora_rank is not None and self.lora_rank < 1:
@@ -79,8 +81,8 @@ class DemoRun:
         self.tokenizer = tokenizer
         self.task = ReverseDigitsTask(digits=settings.digits, heldout_size=settings.heldout_size)
         self.rng = random.Random(settings.seed)
-        self.metrics_file = (out / "metrics.jsonl").open("w")
-        self.records: list[dict[str, Any]] = []
+        self.run_log = RunLog(out, settings, settings.report_to, settings.sft_steps)
+        self.records = self.run_log.records
         self.weight_version = 0
         self.last_eval = 0.0
         self.dropped_stale = 0
@@ -93,11 +95,8 @@ class DemoRun:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def log(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Append one record to ``metrics.jsonl`` and to the in-memory history."""
-        self.records.append(record)
-        self.metrics_file.write(json.dumps(record) + "\n")
-        self.metrics_file.flush()
-        return record
+        """One record to ``metrics.jsonl``, the in-memory history and the trackers."""
+        return self.run_log.write(record)
 
     # --- phases ---------------------------------------------------------------------------
 
