@@ -20,7 +20,13 @@ import argparse
 import random
 from typing import Any
 
-from arctic_platform.rl import ArcticRLClient, ArcticRLClientConfig, RunTracker
+from arctic_platform.rl import (
+    ArcticRLClient,
+    ArcticRLClientConfig,
+    RunTracker,
+    group_advantages,
+    rollout_batch,
+)
 
 HELD_OUT = [4, 7, 11, 15]  # targets never drawn for training (see train_targets)
 
@@ -41,40 +47,12 @@ def train_targets(rng: random.Random, count: int) -> list[int]:
     return [rng.choice(pool) for _ in range(count)]
 
 
-def group_advantages(rewards: list[float]) -> list[float]:
-    """GRPO's advantage: each sample's reward against its group's mean, over the group's std."""
-    mean = sum(rewards) / len(rewards)
-    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-    return [(r - mean) / (std + 1e-6) if std > 0 else 0.0 for r in rewards]
-
-
 def held_out_score(client: ArcticRLClient) -> float:
     """Mean reward of greedy answers to the held-out prompts."""
     prompts = [f"digits summing to {t}:" for t in HELD_OUT]
     out = client.generate(prompts, {"n": 1, "max_tokens": 6, "temperature": 0.0})
     texts = [o["completions"][0]["text"] for o in out["outputs"]]
     return sum(reward(text, t) for text, t in zip(texts, HELD_OUT, strict=True)) / len(texts)
-
-
-def training_batch(
-    targets: list[int], outputs: list[dict[str, Any]]
-) -> tuple[dict[str, Any], list[float]]:
-    """Rows (prompt + completion ids), loss masks and advantages, plus every sample's reward."""
-    batch: dict[str, Any] = {"input_ids": [], "loss_mask": [], "advantages": []}
-    behaviour: list[list[float]] = []
-    all_rewards: list[float] = []
-    for target, out in zip(targets, outputs, strict=True):
-        prompt = out["prompt_token_ids"]
-        rewards = [reward(c["text"], target) for c in out["completions"]]
-        all_rewards += rewards
-        for c, adv in zip(out["completions"], group_advantages(rewards), strict=True):
-            batch["input_ids"].append(prompt + c["token_ids"])
-            batch["loss_mask"].append([0] * len(prompt) + [1] * len(c["token_ids"]))
-            batch["advantages"].append(adv)
-            # the sampler's own log-probs of what it sampled: the behaviour policy
-            behaviour.append([0.0] * len(prompt) + list(c["logprobs"]))
-    batch["rollout_log_probs"] = behaviour
-    return batch, all_rewards
 
 
 def main() -> None:
@@ -112,7 +90,14 @@ def main() -> None:
             targets = train_targets(rng, args.prompts)
             prompts = [f"digits summing to {t}:" for t in targets]
             out = client.generate(prompts, {"n": args.group, "max_tokens": 6, "temperature": 1.0})
-            batch, rewards = training_batch(targets, out["outputs"])
+            rewards = [
+                reward(c["text"], target)
+                for target, o in zip(targets, out["outputs"], strict=True)
+                for c in o["completions"]
+            ]
+            # rows of prompt + completion, loss on the completion, and the sampler's own
+            # log-probs as rollout_log_probs (the loss reports the mismatch against them)
+            batch = rollout_batch(out, group_advantages(rewards, group_size=args.group))
             trained: dict[str, Any] = {}
             stepped: dict[str, Any] = {}
             if any(batch["advantages"]):  # a step where every group tied teaches nothing

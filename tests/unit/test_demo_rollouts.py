@@ -70,7 +70,7 @@ def test_grpo_batch_refuses_log_probs_that_do_not_match_the_tokens():
     r = rollout()
     r.outputs[0]["completions"][0]["logprobs"] = [-0.1]
     r.score(ReverseDigitsTask())
-    with pytest.raises(ValueError, match="3 tokens but 1 log-probs"):
+    with pytest.raises(ValueError, match="3 tokens and 1 log-probs"):
         grpo_batch(r, samples_per_prompt=2)
 
 

@@ -70,8 +70,6 @@ PLUGIN_RAISES = {
     "checked by its command before it starts",
     ("demo/arctic_rl_demo/task.py", "ValueError"): "the demo application's own task "
     "settings, checked before it starts",
-    ("demo/arctic_rl_demo/rollouts.py", "ValueError"): "the demo application's own check "
-    "of what it sampled; it is a client and raises to itself",
     ("demo/arctic_rl_demo/command.py", "SystemExit"): "the demo command refusing flags the "
     "lookup task does not take: it ends the command line, nothing catches it",
     ("demo/arctic_rl_demo/lookup_agent.py", "ValueError"): "the lookup demo's own check of "

@@ -17,6 +17,8 @@ _LAZY = {
     "AsyncArcticRLClient": "arctic_platform.rl.client",
     "ArcticRLError": "arctic_platform.rl.errors",
     "RunTracker": "arctic_platform.rl.tracking",
+    "group_advantages": "arctic_platform.rl.sampled_batch",
+    "rollout_batch": "arctic_platform.rl.sampled_batch",
 }
 
 __all__ = [*_LAZY, "__version__"]

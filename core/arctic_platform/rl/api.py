@@ -101,6 +101,7 @@ from arctic_platform.rl.run_dirs import (
     server_run_dir,
     write_private,
 )
+from arctic_platform.rl.sampled_batch import group_advantages, rollout_batch
 from arctic_platform.rl.tracking import (
     RunTracker,
     Tracker,
@@ -285,6 +286,7 @@ __all__ = [
     "flatten_metrics",
     "free_port",
     "get_registry",
+    "group_advantages",
     "hookimpl",
     "http_common",
     "install_openapi",
@@ -300,6 +302,7 @@ __all__ = [
     "prepare_ray",
     "read_or_create_token",
     "record_http_bytes",
+    "rollout_batch",
     "safe_metric_name",
     "serve_http",
     "server_run_dir",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from arctic_rl_demo.task import ReverseDigitsTask, group_advantages
+from arctic_platform.rl.api import group_advantages, rollout_batch
+from arctic_rl_demo.task import ReverseDigitsTask
 
 
 class Tokenizer(Protocol):
@@ -81,25 +82,7 @@ def grpo_batch(rollout: Rollout, samples_per_prompt: int) -> dict[str, Any]:
     ``bypass`` correction, takes them as the old policy of its importance ratio.
     """
     advantages = group_advantages(rollout.rewards, samples_per_prompt)
-    rows, masks, old = [], [], []
-    for out in rollout.outputs:
-        prompt = list(out["prompt_token_ids"])
-        for completion in out["completions"]:
-            tokens = list(completion["token_ids"])
-            logprobs = [float(x) for x in completion["logprobs"]]
-            if len(logprobs) != len(tokens):
-                raise ValueError(
-                    f"a completion has {len(tokens)} tokens but {len(logprobs)} log-probs"
-                )
-            rows.append(prompt + tokens)
-            masks.append([0] * len(prompt) + [1] * len(tokens))
-            old.append([0.0] * len(prompt) + logprobs)
-    return {
-        "input_ids": rows,
-        "loss_mask": masks,
-        "advantages": advantages,
-        "rollout_log_probs": old,
-    }
+    return rollout_batch(rollout.outputs, advantages)
 
 
 def exact_fraction(

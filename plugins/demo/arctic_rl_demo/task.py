@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from arctic_platform.rl.api import group_advantages
+
+__all__ = ["CORRECTION_CHOICES", "ReverseDigitsTask", "group_advantages", "mismatch_record"]
+
 
 @dataclass(frozen=True)
 class ReverseDigitsTask:
@@ -75,20 +79,6 @@ class ReverseDigitsTask:
     def reward(completion: str, answer: str) -> float:
         """1.0 when the completion, stripped of surrounding spaces, is exactly the answer."""
         return 1.0 if completion.strip() == answer else 0.0
-
-
-def group_advantages(rewards: list[float], group_size: int, eps: float = 1e-6) -> list[float]:
-    """GRPO advantages: each reward minus its group's mean, over the group's std (+eps)."""
-    if group_size < 1 or len(rewards) % group_size:
-        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
-    out: list[float] = []
-    for start in range(0, len(rewards), group_size):
-        group = rewards[start : start + group_size]
-        mean = sum(group) / len(group)
-        var = sum((r - mean) ** 2 for r in group) / len(group)
-        std = var**0.5
-        out.extend((r - mean) / (std + eps) if std > 0 else 0.0 for r in group)
-    return out
 
 
 CORRECTION_CHOICES = (
