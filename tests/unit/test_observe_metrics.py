@@ -168,6 +168,12 @@ def test_a_request_is_counted_timed_and_its_error_recorded(live):
     ]
     assert len([e for e in live.log if e[0] == "observe"]) == 3
     assert live.gauges("arctic_rl_requests_in_flight")[(("operation", "fwd_bwd"),)] == 0.0
+    # the same timing feeds the JSON metrics operation's totals
+    totals = meter.totals()
+    assert totals["requests"] == {"fwd_bwd": 2, "step": 1}
+    assert totals["errors"] == {"fwd_bwd": 1, "step": 1}
+    observed = sum(e[2] for e in live.log if e[0] == "observe")
+    assert sum(totals["seconds"].values()) == pytest.approx(observed, abs=1e-5)
 
 
 def test_jobs_by_state_set_every_pair_including_zeros(live):

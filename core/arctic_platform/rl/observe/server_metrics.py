@@ -46,22 +46,37 @@ class RequestOutcome:
 
     def done(self) -> None:
         """The request was answered: its count, latency and error; one fewer in flight."""
-        self.meter.flying(self.operation, -1)
         seconds = time.monotonic() - self.started
+        self.meter.finished(self.operation, self.status >= 400, seconds)
         record_request(self.operation, self.job_type, self.status, self.code, seconds)
 
 
 class RequestMeter:
-    """The server's requests in flight per operation, and each request's outcome."""
+    """The server's requests per operation: in flight now, and since the start their count,
+    failures and seconds (the JSON ``metrics`` operation's figures; the same request timed
+    once for it and for Prometheus)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flying: dict[str, int] = defaultdict(int)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.errors: dict[str, int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)
 
     def start(self, operation: str, job_type: str) -> RequestOutcome:
         """A request arrived: one more in flight; answer with the returned outcome."""
+        with self._lock:
+            self.counts[operation] += 1
         self.flying(operation, +1)
         return RequestOutcome(self, operation, job_type)
+
+    def finished(self, operation: str, failed: bool, seconds: float) -> None:
+        """A request of ``operation`` was answered after ``seconds``: one fewer in flight."""
+        with self._lock:
+            self.seconds[operation] += seconds
+            if failed:
+                self.errors[operation] += 1
+        self.flying(operation, -1)
 
     def flying(self, operation: str, change: int) -> None:
         """Change the in-flight count of ``operation`` and export it."""
@@ -69,6 +84,15 @@ class RequestMeter:
             self._flying[operation] += change
             now = self._flying[operation]
         recorder.set_gauge("arctic_rl_requests_in_flight", now, operation=operation)
+
+    def totals(self) -> dict[str, dict[str, Any]]:
+        """Requests, errors and seconds per operation since the server started."""
+        with self._lock:
+            return {
+                "requests": dict(self.counts),
+                "errors": dict(self.errors),
+                "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+            }
 
 
 def record_jobs(jobs: Iterable[Any]) -> None:

@@ -108,9 +108,6 @@ class RLServer(CheckpointOps, MemoryOps):
         self._restored_for: dict[int, list[Any]] = {}
         # per job, the batch limits its current workers reported (asked once per generation)
         self._limits_for: dict[int, tuple[list[Any], BatchLimits | None]] = {}
-        self._counts: dict[str, int] = defaultdict(int)
-        self._errors: dict[str, int] = defaultdict(int)
-        self._seconds: dict[str, float] = defaultdict(float)
         self.requests = RequestMeter()
         self.shutdown_requested = threading.Event()
 
@@ -179,8 +176,6 @@ class RLServer(CheckpointOps, MemoryOps):
             request = op.request.model_validate(payload or {})
         except ValidationError as exc:
             raise InvalidRequestError(f"invalid {name} request: {describe_errors(exc)}") from None
-        started = time.monotonic()
-        self._counts[name] += 1
         outcome = self.requests.start(name, self._job_type_of(request))
         try:
             result = getattr(self, name)(request)
@@ -190,11 +185,9 @@ class RLServer(CheckpointOps, MemoryOps):
                 record_sync(result, targets + ["log_prob"] * bool(request.log_prob_job_ids))
             return result
         except Exception as exc:
-            self._errors[name] += 1
             outcome.failed(exc)
             raise
         finally:
-            self._seconds[name] += time.monotonic() - started
             outcome.done()
 
     def _job_type_of(self, request: Any) -> str:
@@ -226,9 +219,7 @@ class RLServer(CheckpointOps, MemoryOps):
         for job in self.jobs.jobs.values():
             states[job.state.value] += 1
         return {
-            "requests": dict(self._counts),
-            "errors": dict(self._errors),
-            "seconds": {k: round(v, 6) for k, v in self._seconds.items()},
+            **self.requests.totals(),
             "worker_seconds": {k: round(v, 6) for k, v in self.jobs.worker_seconds().items()},
             "jobs_by_state": dict(states),
         }
