@@ -333,3 +333,24 @@ def test_legends_follow_grafanas_format():
     assert legend("{{job_type}} {{operation}}", {"job_type": "t", "operation": "o"}) == "t o"
     assert legend("", {"b": "2", "a": "1"}) == "a=1,b=2"
     assert promql("rate(x[$__rate_interval])") == "rate(x[1m])"
+
+
+def test_a_failing_metric_record_never_fails_the_engine_call_and_is_logged_once(
+    monkeypatch, caplog
+):
+    import logging
+    from types import SimpleNamespace
+
+    from arctic_platform.rl.server.worker import EngineWorker
+
+    def broken(*args, **kwargs):
+        raise ValueError("metric 'x' has no label 'y'")
+
+    monkeypatch.setattr(engine_metrics, "record_call", broken)
+    worker = EngineWorker("training", "deepspeed", {}, 0, 1, 0, "/tmp", {})
+    worker.engine = SimpleNamespace(fwd_bwd=lambda batch: {"loss": 1.0})
+    with caplog.at_level(logging.ERROR):
+        assert worker.call("fwd_bwd", {"input_ids": [[1]]}) == {"loss": 1.0}
+        assert worker.call("fwd_bwd", {"input_ids": [[1]]}) == {"loss": 1.0}
+    logged = [r for r in caplog.records if "metrics of training's fwd_bwd" in r.getMessage()]
+    assert len(logged) == 1 and "has no label 'y'" in logged[0].exc_text

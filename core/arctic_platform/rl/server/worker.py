@@ -6,6 +6,7 @@ receives plugin objects. Only the methods listed for its role can be called on t
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -73,6 +74,7 @@ class EngineWorker:
         self.work_dir = work_dir
         self.engine: Any = None
         self._lock = threading.Lock()
+        self._observe_failed: set[str] = set()  # methods whose metrics failed once (logged)
 
     def node(self) -> dict[str, Any]:
         """Where this worker runs: its node's address and Ray node id, and its pid."""
@@ -174,7 +176,8 @@ class EngineWorker:
         return result
 
     def _observe(self, method: str, seconds: float, args: tuple[Any, ...], result: Any) -> None:
-        """Record the call's metrics (``observe.engine_metrics``); never raises."""
+        """Record the call's metrics (``observe.engine_metrics``); never raises: a failure is
+        a bug of the recording code, logged with its traceback the first time per method."""
         from arctic_platform.rl.observe.engine_metrics import record_call
 
         try:
@@ -188,7 +191,11 @@ class EngineWorker:
                 parameters=getattr(self.engine, "parameter_count", None),
             )
         except Exception:  # metrics never break the call they observe
-            return
+            if method not in self._observe_failed:
+                self._observe_failed.add(method)
+                logging.getLogger(__name__).exception(
+                    "metrics of %s's %s call failed (the call itself succeeded)", self.role, method
+                )
 
     def global_step(self) -> int:
         """The training engine's optimizer step count."""
