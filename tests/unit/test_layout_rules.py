@@ -82,10 +82,37 @@ def _resolve(path: Path, node: ast.ImportFrom) -> str:
 
 
 @cache
+def _lazy_names(module: str) -> dict[str, str]:
+    """The names a core module re-exports lazily (its ``_LAZY = {name: module}`` literal)."""
+    path = _core_modules().get(module)
+    if path is None:
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets)
+            and isinstance(node.value, ast.Dict)
+        ):
+            return {
+                k.value: v.value
+                for k, v in zip(node.value.keys, node.value.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
+    return {}
+
+
+@cache
 def _imports(path: Path) -> tuple[Import, ...]:
-    """Every import in ``path``, module-level and inside functions alike; ``from X import Y``
-    counts as an import of ``X.Y`` when that is a core module, else of ``X``."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    """Every import in ``path`` (see ``_imports_in``)."""
+    return _imports_in(path, path.read_text())
+
+
+def _imports_in(path: Path, text: str) -> tuple[Import, ...]:
+    """Every import in ``text`` (the source of ``path``), module-level and inside functions
+    alike; ``from X import Y`` counts as an import of ``X.Y`` when that is a core module, of
+    the module ``Y`` comes from when ``X`` re-exports it lazily (``arctic_platform.rl``'s
+    client, ``api``'s server names), else of ``X``."""
+    tree = ast.parse(text, filename=str(path))
     found: list[Import] = []
     modules = _core_modules()
 
@@ -103,7 +130,8 @@ def _imports(path: Path) -> tuple[Import, ...]:
             module = _resolve(path, node)
             for alias in node.names:
                 submodule = f"{module}.{alias.name}"
-                target = submodule if submodule in modules else module
+                lazy = _lazy_names(module).get(alias.name)
+                target = submodule if submodule in modules else lazy or module
                 found.append(Import(path, node.lineno, target, type_only))
         for child in ast.iter_child_nodes(node):
             visit(child, type_only)
@@ -257,6 +285,18 @@ def test_agents_imports_only_the_ground_floor_config_wire_and_batch():
         if _names(i.target, RL) and i.target != RL and not _names(i.target, *allowed)
     ]
     assert not broken, "\n".join(broken)
+
+
+def test_a_lazy_re_export_counts_as_an_import_of_the_module_behind_it():
+    """``from arctic_platform.rl import ArcticRLClient`` loads the client: in agents/ it breaks
+    the agents rule like ``from arctic_platform.rl.client import ...`` would."""
+    source = CORE / "agents" / "planted.py"
+    text = "from arctic_platform.rl import ArcticRLClient, __version__\n"
+    text += "from arctic_platform.rl.api import RLServer\n"
+    targets = [i.target for i in _imports_in(source, text)]
+    assert targets == [f"{RL}.client", RL, f"{RL}.server.rl_server"]
+    allowed = _core(*AGENTS_MAY_IMPORT)
+    assert [t for t in targets if t != RL and not _names(t, *allowed)] == targets[::2]
 
 
 def test_ground_floor_modules_import_nothing_of_arctic_platform_rl():
