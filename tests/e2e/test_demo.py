@@ -18,15 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from arctic_rl_demo.run_log import tracker_step
-from tests.support.example_plugin import install_example_plugin
-from tests.support.tracker_readers import (
+from support.example_plugin import install_example_plugin
+from support.tracker_readers import (
     read_mlflow,
     read_tensorboard,
     read_wandb,
     wandb_run_file,
 )
+
+from arctic_rl_demo.run_log import tracker_step
 
 pytestmark = pytest.mark.slow
 

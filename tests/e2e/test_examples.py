@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.tracker_readers import read_tensorboard
 
 from arctic_platform.rl.network import free_port
-from tests.support.tracker_readers import read_tensorboard
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.support.example_plugin import install_example_plugin
+from support.example_plugin import install_example_plugin
 
 
 @pytest.fixture(scope="module")

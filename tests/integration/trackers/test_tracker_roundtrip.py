@@ -6,15 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from arctic_platform.rl import RunTracker
-from arctic_platform.rl.errors import InvalidRequestError
-from tests.support.tracker_readers import (
+from support.tracker_readers import (
     read_mlflow,
     read_tensorboard,
     read_wandb,
     wandb_run_file,
 )
+
+from arctic_platform.rl import RunTracker
+from arctic_platform.rl.errors import InvalidRequestError
 
 pytestmark = pytest.mark.slow
 
