@@ -98,3 +98,34 @@ def assert_scores_agree(
         gap = max_gap(trainer, tails, rows.prompt_lengths)
         assert gap <= tolerance, f"trainer vs log-prob job: {gap}"
     return rows
+
+
+# Fixed token rows every job scores the same way: prompt-free, so each token after the first
+# is scored (tokens of the tiny model's vocabulary; no generation involved).
+FIXED_ROWS = [[1, 5, 6, 7, 8, 9, 10], [1, 12, 13, 14, 15], [2, 30, 31, 32, 33, 34]]
+
+
+def fixed_row_scores(client: Any, jobs: tuple[str, ...] = ("training", "sampling", "log_prob"),
+                     **served: Any) -> dict[str, list[list[float]]]:  # fmt: skip
+    """Each job's log-probs of every token after the first of ``FIXED_ROWS``: the trainer's
+    ``fwd_no_grad``, the sampler's ``prompt_logprobs``, the log-prob job's ``log_probs``
+    (``served``: an adapter and version for the two vLLM jobs)."""
+    scores: dict[str, list[list[float]]] = {}
+    if "training" in jobs:
+        trainer = client.fwd_no_grad({"input_ids": FIXED_ROWS})
+        scores["training"] = [[float(x) for x in row[1:]] for row in trainer]
+    if "sampling" in jobs:
+        params = {"n": 1, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": True}
+        out = client.generate(FIXED_ROWS, params, **served)["outputs"]
+        scores["sampling"] = [[float(x) for x in o["prompt_logprobs"][1:]] for o in out]
+    if "log_prob" in jobs:
+        prompts = [row[:1] for row in FIXED_ROWS]
+        completions = [row[1:] for row in FIXED_ROWS]
+        lp = client.log_probs(prompts, completions, **served)["outputs"]
+        scores["log_prob"] = [[float(x) for x in o["log_probs"]] for o in lp]
+    return scores
+
+
+def score_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    """The largest |a - b| over the tokens of two jobs' ``fixed_row_scores``."""
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 from support.clients import client_config, local_client
-from support.rollouts import assert_log_prob_job_agrees, assert_scores_agree, max_gap, rollouts
+from support.rollouts import (
+    assert_log_prob_job_agrees,
+    assert_scores_agree,
+    fixed_row_scores,
+    max_gap,
+    rollouts,
+    score_gap,
+)
 from workers import kill_worker_and_wait_failed
 
 from arctic_platform.rl.errors import ServerError
@@ -29,6 +36,7 @@ FULL_BYTES = 1_748_480  # the tiny model's full fp32 weights
 PROMPTS = ["12 + 30 =", "the sum of digits", "write a number"]
 SAMPLE = {"n": 2, "max_tokens": 8, "temperature": 1.0, "seed": 3}
 GREEDY = {"n": 1, "max_tokens": 8, "temperature": 0.0}
+FIXED_TOLERANCE = 1e-4  # nats: jobs serving the same float32 adapter score fixed rows alike
 LORA_TRAINING = {"optimizer": {"lr": 1e-2}, "lora": {"rank": 8}}
 
 
@@ -227,9 +235,14 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_its_targets_get_the_ad
     path = client.save_checkpoint()
     assert (Path(path) / "adapter" / "adapter_model.safetensors").is_file()
     saved = client.job_info("training")["global_step"]
+    old = fixed_row_scores(client, ("training",))["training"]  # the checkpoint's adapter
     expected = client.fwd_bwd(rows.batch(), loss_fn="grpo")["loss"]
     client.step()
     client.sync_weights()  # the targets now serve a step the crash loses (version 3)
+    lost = fixed_row_scores(client)
+    assert score_gap(lost["sampling"], lost["training"]) <= FIXED_TOLERANCE
+    # the checks after the restart can tell the lost adapter from the restored one
+    assert score_gap(lost["training"], old) >= 10 * FIXED_TOLERANCE
 
     kill_worker_and_wait_failed(client, "training")
     restarted = client.restart_job("training")  # waits for the resync of its targets
@@ -242,5 +255,9 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_its_targets_get_the_ad
     after = client.generate(PROMPTS, GREEDY)
     assert after["weight_version"] == 4 and after["adapter"] == "default"
     assert_scores_agree(client, after["outputs"])  # the restored adapter everywhere
+    restored = fixed_row_scores(client)
+    assert score_gap(restored["training"], old) <= FIXED_TOLERANCE
+    for job_type in ("sampling", "log_prob"):
+        assert score_gap(restored[job_type], restored["training"]) <= FIXED_TOLERANCE, job_type
     again = client.fwd_bwd(rows.batch(), loss_fn="grpo")["loss"]
     assert again == pytest.approx(expected, rel=1e-5)  # the same state as when it was saved
