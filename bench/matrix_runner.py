@@ -115,6 +115,63 @@ class MatrixRunner:
         self._local: dict[str, tuple[Any, int | None]] = {}
         self._platform: subprocess.Popen[bytes] | None = None
         self._platform_port: int | None = None
+        self._state_file: Path | None = None
+
+    # --- rows side by side ------------------------------------------------------------------
+
+    def prepare(self, rows: Iterable[Row]) -> None:
+        """Build every model and start every server ``rows`` need, so that they can then run
+        side by side (``run_in_process``); the servers stay this runner's to stop."""
+        rows = list(rows)
+        for row in rows:
+            self.model(row.arch, row.tied)
+        for row in rows:
+            if row.backend == "dss-platform":
+                self._platform_server()
+            else:
+                self._local_server(row.transport)
+        state = {
+            "work_dir": str(self.work_dir),
+            "gpus": self.gpus,
+            "models": [[arch, tied, path] for (arch, tied), path in self.models.items()],
+            "local": {t: [h.model_dump_json(), port] for t, (h, port) in self._local.items()},
+            "platform_port": self._platform_port,
+        }
+        self._state_file = self.work_dir / "runner-state.json"
+        self._state_file.write_text(json.dumps(state))
+
+    @classmethod
+    def from_state(cls, path: Path) -> MatrixRunner:
+        """A runner in a row's own process, on the models and servers ``prepare`` made."""
+        from arctic_platform.rl.config import ArcticRLClientConfig
+
+        state = json.loads(Path(path).read_text())
+        runner = cls(Path(state["work_dir"]), gpus=state["gpus"])
+        runner.models = {(arch, tied): model for arch, tied, model in state["models"]}
+        runner._local = {
+            t: (ArcticRLClientConfig.model_validate_json(h), port)
+            for t, (h, port) in state["local"].items()
+        }
+        runner._platform_port = state["platform_port"]
+        return runner
+
+    def run_in_process(self, row: Row, timeout: float = 1800) -> RowResult:
+        """``run(row)`` in a process of its own (its own Ray driver and environment), so two
+        rows can run at once; ``prepare`` must have started the servers."""
+        if self._state_file is None:
+            raise RuntimeError("prepare() the rows before running them in processes")
+        args = [sys.executable, "-m", "bench.matrix_runner", str(self._state_file), row.id]
+        try:
+            done = subprocess.run(
+                args, capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+            )
+        except subprocess.TimeoutExpired as exc:
+            return RowResult(row=row.id, passed=False, seconds=timeout, error=f"timeout: {exc}")
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if done.returncode != 0 or not lines:
+            error = f"row process exited {done.returncode}: {done.stderr[-2000:]}"
+            return RowResult(row=row.id, passed=False, seconds=0.0, error=error)
+        return RowResult(**json.loads(lines[-1][len("RESULT ") :]))
 
     # --- shared pieces ---------------------------------------------------------------------
 
@@ -150,7 +207,7 @@ class MatrixRunner:
 
     def _platform_server(self) -> int:
         """Start (once) an ``arctic-rl platform serve`` for the dss-platform rows."""
-        if self._platform is not None and self._platform_port is not None:
+        if self._platform_port is not None:
             return self._platform_port
         from arctic_platform.rl.network import free_port
 
@@ -276,7 +333,7 @@ class MatrixRunner:
         before = client.fwd_bwd(sft, loss_fn="cross_entropy")["loss"]
         _check(client.step()["global_step"] == 2, "second step")
         client.save_checkpoint()
-        other = self._reconnect(client, sft)
+        other = self._reconnect(row, client, sft)
         checks["loss_before_save"], checks["loss_reconnected"] = before, other["loss"]
         _check(other["idle"] == [False, 2], f"reconnected idle step: {other['idle']}")
         _check(other["applied"] is True and other["step"] == 3, f"reconnected step: {other}")
@@ -292,9 +349,9 @@ class MatrixRunner:
         final = client.step()
         _check(final["applied"] is True and final["global_step"] == 3, f"resumed step: {final}")
 
-    def _reconnect(self, client: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    def _reconnect(self, row: Row, client: Any, batch: dict[str, Any]) -> dict[str, Any]:
         """Attach from a second process: an idle step, then fwd_bwd and step; its answers."""
-        where = self.work_dir / "reconnect"
+        where = self.work_dir / "reconnect" / row.id
         where.mkdir(parents=True, exist_ok=True)
         config_file = where / "config.json"
         batch_file = where / "batch.json"
@@ -310,3 +367,19 @@ class MatrixRunner:
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
         _check(done.returncode == 0 and bool(lines), f"reconnect failed: {done.stderr[-2000:]}")
         return dict(json.loads(lines[-1][len("RESULT ") :]))
+
+
+def _run_row_here(state_file: str, row_id: str) -> int:
+    """A row's own process: run it on the prepared servers and print its ``RowResult``."""
+    from dataclasses import asdict
+
+    from bench.matrix_plan import pairwise_rows
+
+    row = next(r for r in pairwise_rows().rows if r.id == row_id)
+    result = MatrixRunner.from_state(Path(state_file)).run(row)
+    print("RESULT " + json.dumps(asdict(result), default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_run_row_here(*sys.argv[1:3]))
