@@ -74,3 +74,16 @@ def test_the_demos_correction_choices_are_none_and_every_preset_of_the_losses():
     record = mismatch_record({"mismatch_k3": 0.5, "mismatch_ratio.max": 2.0})
     assert record["mismatch_k3"] == 0.5 and record["mismatch_ratio_max"] == 2.0
     assert record["mismatch_k1"] is None
+
+
+def test_the_digits_reward_counts_digits_in_place_and_extra_characters_cost():
+    task = ReverseDigitsTask(train_reward_kind="digits")
+    assert task.train_reward(" 4183", "4183") == 1.0 == task.reward(" 4183", "4183")
+    assert task.train_reward(" 4180", "4183") == 0.75
+    assert task.train_reward(" 418", "4183") == 0.75
+    assert task.train_reward(" 418322", "4183") == pytest.approx(4 / 6)
+    assert task.train_reward(" 3814", "4183") == 0.0
+    assert ReverseDigitsTask().train_reward(" 4180", "4183") == 0.0  # exact by default
+    assert task.reward(" 4180", "4183") == 0.0  # evaluation stays exact
+    with pytest.raises(ValueError, match="reward 'partial'"):
+        ReverseDigitsTask(train_reward_kind="partial")

@@ -82,6 +82,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             help=f"{phase} learning rate (default {default:g} [{lookup_default:g}])",
         )
     add("--kl-coef", type=float, default=0.0)
+    add(
+        "--reward",
+        choices=["exact", "digits"],
+        help="reverse only: GRPO's reward, exact match (default) or digits (the share of the "
+        "answer's digits in place); held-out evaluation is exact match either way",
+    )
     (
         add(
             "--correction",
@@ -134,8 +140,8 @@ def run_lookup_command(args: argparse.Namespace) -> int:
     from arctic_rl_demo.lookup_main import run_lookup_demo
     from arctic_rl_demo.lookup_run import LookupSettings
 
-    if args.async_mode or args.lora_rank is not None or args.kl_coef:
-        raise SystemExit("--task lookup takes no --async, --lora or --kl-coef")
+    if args.async_mode or args.lora_rank is not None or args.kl_coef or args.reward:
+        raise SystemExit("--task lookup takes no --async, --lora, --kl-coef or --reward")
     fields = {f.name for f in dataclasses.fields(LookupSettings)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if "output_dir" in given:

@@ -64,9 +64,10 @@ class Rollout:
         return min(starts), max(ends)
 
     def score(self, task: ReverseDigitsTask) -> list[float]:
-        """Exact-match rewards, one per completion (also kept in ``rewards``)."""
+        """Training rewards (the task's ``train_reward``), one per completion (also kept in
+        ``rewards``)."""
         self.rewards = [
-            task.reward(c["text"], answer)
+            task.train_reward(c["text"], answer)
             for (_, answer), out in zip(self.pairs, self.outputs, strict=True)
             for c in out["completions"]
         ]

@@ -15,7 +15,12 @@ from typing import Any
 
 from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
 from arctic_rl_demo.run_log import RunLog, check_report_to
-from arctic_rl_demo.task import CORRECTION_CHOICES, ReverseDigitsTask, mismatch_record
+from arctic_rl_demo.task import (
+    CORRECTION_CHOICES,
+    REWARD_CHOICES,
+    ReverseDigitsTask,
+    mismatch_record,
+)
 
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2},
@@ -37,6 +42,7 @@ class DemoSettings:
     learning_rate: float = 1e-3
     kl_coef: float = 0.0
     correction: str = "bypass"  # a rollout-correction preset, or "none"
+    reward: str = "exact"  # GRPO's reward: exact match, or "digits" (the share in place)
     eval_every: int = 10
     digits: int = 4
     heldout_size: int = 128
@@ -70,6 +76,8 @@ class DemoSettings:
             raise ValueError(
                 f"correction {self.correction!r} is not one of {list(CORRECTION_CHOICES)}"
             )
+        if self.reward not in REWARD_CHOICES:
+            raise ValueError(f"reward {self.reward!r} is not one of {list(REWARD_CHOICES)}")
 
 
 class DemoRun:
@@ -79,7 +87,11 @@ class DemoRun:
         self.settings = settings
         self.client = client
         self.tokenizer = tokenizer
-        self.task = ReverseDigitsTask(digits=settings.digits, heldout_size=settings.heldout_size)
+        self.task = ReverseDigitsTask(
+            digits=settings.digits,
+            heldout_size=settings.heldout_size,
+            train_reward_kind=settings.reward,
+        )
         self.rng = random.Random(settings.seed)
         self.run_log = RunLog(out, settings, settings.report_to, settings.sft_steps)
         self.records = self.run_log.records

@@ -14,7 +14,13 @@ from typing import Any
 
 from arctic_platform.rl.api import group_advantages
 
-__all__ = ["CORRECTION_CHOICES", "ReverseDigitsTask", "group_advantages", "mismatch_record"]
+__all__ = [
+    "CORRECTION_CHOICES",
+    "REWARD_CHOICES",
+    "ReverseDigitsTask",
+    "group_advantages",
+    "mismatch_record",
+]
 
 
 @dataclass(frozen=True)
@@ -24,8 +30,13 @@ class ReverseDigitsTask:
     digits: int = 4
     heldout_size: int = 128
     heldout_seed: int = 12345
+    train_reward_kind: str = "exact"  # the GRPO reward: exact match, or digits in place
 
     def __post_init__(self) -> None:
+        if self.train_reward_kind not in REWARD_CHOICES:
+            raise ValueError(
+                f"reward {self.train_reward_kind!r} is not one of {list(REWARD_CHOICES)}"
+            )
         if self.digits < 2:
             raise ValueError(f"digits must be at least 2, got {self.digits}")
         if not 0 < self.heldout_size <= 10**self.digits // 4:
@@ -79,6 +90,23 @@ class ReverseDigitsTask:
     def reward(completion: str, answer: str) -> float:
         """1.0 when the completion, stripped of surrounding spaces, is exactly the answer."""
         return 1.0 if completion.strip() == answer else 0.0
+
+    @staticmethod
+    def digit_reward(completion: str, answer: str) -> float:
+        """The share of the answer's digits in their place (the longer of completion and
+        answer counts, so extra characters cost): 1.0 exactly when ``reward`` is 1.0."""
+        text = completion.strip()
+        hits = sum(a == b for a, b in zip(text, answer, strict=False))
+        return hits / max(len(text), len(answer))
+
+    def train_reward(self, completion: str, answer: str) -> float:
+        """The reward GRPO trains on (``train_reward_kind``); evaluation stays exact match."""
+        if self.train_reward_kind == "digits":
+            return self.digit_reward(completion, answer)
+        return self.reward(completion, answer)
+
+
+REWARD_CHOICES = ("exact", "digits")
 
 
 CORRECTION_CHOICES = (
