@@ -25,6 +25,7 @@ from arctic_platform.rl.losses import (  # noqa: E402
 )
 from arctic_platform.rl.rollout_correction import (  # noqa: E402
     PRESETS,
+    batch_weight_scale,
     check_correction,
     correct,
     effective_sample_size,
@@ -298,6 +299,8 @@ def test_a_call_without_a_correction_trains_exactly_as_before():
         ({"rollout_rs": {"token_k1": 0.1}}, "unknown stat 'token_k1'"),
         ({"rollout_rs": {}}, "rollout_rs"),
         ({"rollout_rs": [["token_ratio", 2.0]]}, "rollout_rs"),
+        ({"rollout_is_batch_normalize": True}, "needs importance weights"),
+        ({"rollout_is": "token", "rollout_is_batch_normalize": 1}, "rollout_is_batch_normalize"),
     ],
 )
 def test_a_correction_that_makes_no_sense_is_refused_naming_the_field(config, field):
@@ -315,3 +318,56 @@ def test_a_correction_needs_the_rollout_log_probs():
     del batch["rollout_log_probs"]
     with pytest.raises(LossConfigError, match="rollout_log_probs"):
         fn(current, batch, **config)
+
+
+@pytest.mark.parametrize(
+    ("config", "scale"),
+    [
+        # token weights 2, .5, 1 | 2, 1.5 (cap 2): mean 7/5 over the five kept tokens
+        ({"rollout_is": "token"}, 5 / 7),
+        # sequence weights 1 | 6 (cap 10): mean 7/2 over the two rows, not over tokens
+        ({"rollout_is": "sequence", "rollout_is_cap": 10.0}, 2 / 7),
+        # rejected tokens leave the mean: the band [0.4, 1.2] keeps rho .5 and 1 -> mean .75
+        ({"rollout_is": "token", "rollout_rs": {"token_ratio": [0.4, 1.2]}}, 4 / 3),
+    ],
+)
+def test_batch_normalised_weights_have_mean_one_over_the_whole_batch_split_in_micro_batches(
+    config, scale
+):
+    """The whole batch's scale makes the weights average 1 over its kept tokens (rows at
+    sequence level), whichever micro-batches compute them."""
+    full = {"rollout_is_mode": "truncate", "rollout_is_cap": 2.0, "rollout_is_floor": 0.0}
+    full.update(config, rollout_is_batch_normalize=True)
+    check_correction(full)
+    got = batch_weight_scale(_log(P), _log(Q), _t(MASK), full)
+    assert got == pytest.approx(scale, rel=1e-12)
+    # each row as its own micro-batch, the whole batch's scale applied to both
+    halves = [
+        correct(_log(P)[i : i + 1], _log(Q)[i : i + 1], _t(MASK)[i : i + 1], full, got)
+        for i in (0, 1)
+    ]
+    weights = torch.cat([h.weights for h in halves])
+    keep = torch.cat([h.keep for h in halves]) != 0
+    if config["rollout_is"] == "sequence":
+        per_row = weights.amax(dim=-1)
+        assert float(per_row.mean()) == pytest.approx(1.0, rel=1e-12)
+    else:
+        assert float(weights[keep].mean()) == pytest.approx(1.0, rel=1e-12)
+    assert all(float(h.metrics["rollout_is_scale"][0]) == pytest.approx(got) for h in halves)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_a_batch_normalised_loss_is_the_weighted_loss_times_the_scale(loss):
+    fn = loss()
+    plain = fn.configure({"rollout_correction": "token_tis"})
+    normal = fn.configure({"rollout_correction": "token_tis", "rollout_is_batch_normalize": True})
+    assert "old_log_probs" in fn.required_fields(normal)
+    assert "old_log_probs" not in fn.required_fields(plain)
+    assert fn.weight_scale(plain, lambda: {}) is None
+    current, batch = _batch()
+    scale = fn.weight_scale(normal, lambda: batch)
+    assert scale == pytest.approx(5 / 7)
+    base = fn(current, batch, **plain)
+    scaled = fn(current, {**batch, "rollout_is_scale": scale}, **normal)
+    pg_base, pg_scaled = base.metrics["pg_loss"], scaled.metrics["pg_loss"]
+    assert float(pg_scaled[0]) == pytest.approx(scale * float(pg_base[0]), rel=1e-9)

@@ -23,7 +23,8 @@ Built-in losses also offer ``configure(loss_config)`` (defaults merged; unknown 
 ``LossConfigError``), ``required_fields(config)``, ``needs_entropy(config)`` and
 ``normalisers(config, whole_batch)`` (the global token and row counts when a rollout
 correction's rejection changes them and the batch alone decides it; the engine then passes
-those as ``num_tokens``/``num_seqs``).
+those as ``num_tokens``/``num_seqs``) and ``weight_scale(config, whole_batch)`` (the batch
+normalisation of the importance weights, passed to each micro-batch as ``rollout_is_scale``).
 The policy-gradient losses take the rollout-correction keys of ``rollout_correction``.
 Importing this module does not import torch.
 """
@@ -46,6 +47,7 @@ from arctic_platform.rl.plugins.specs import LossSpec
 from arctic_platform.rl.rollout_correction import (
     CORRECTION_DEFAULTS,
     MAX_LOG_RATIO,
+    batch_weight_scale,
     check_correction,
     correct,
     expand_preset,
@@ -199,6 +201,8 @@ class BuiltinLoss:
             needed.add("ref_log_probs")
         if is_active(config):
             needed.add("rollout_log_probs")
+        if config.get("rollout_is_batch_normalize"):
+            needed.add("old_log_probs")  # the weights must be known before the pass
         return needed
 
     def needs_entropy(self, config: Mapping[str, Any]) -> bool:
@@ -297,6 +301,20 @@ class CorrectedLoss(BuiltinLoss):
         kept = kept_tokens(old, rollout, batch["loss_mask"], config)
         return float(kept.sum()), float((kept != 0).any(dim=-1).sum())
 
+    def weight_scale(
+        self, config: Mapping[str, Any], whole_batch: Callable[[], Mapping[str, Any]]
+    ) -> float | None:
+        """``1 / mean`` of the whole batch's importance weights with
+        ``rollout_is_batch_normalize`` (the engine passes it to every micro-batch as
+        ``rollout_is_scale``); else None."""
+        if not config.get("rollout_is_batch_normalize"):
+            return None
+        batch = whole_batch()
+        old, rollout = batch.get("old_log_probs"), batch.get("rollout_log_probs")
+        if old is None or rollout is None:
+            return None  # required_fields names what is missing
+        return batch_weight_scale(old, rollout, batch["loss_mask"], config)
+
     def _policy_gradient(
         self,
         pg: torch.Tensor,
@@ -335,7 +353,7 @@ class CorrectedLoss(BuiltinLoss):
         side.metrics.update(mismatch_metrics(train, rollout, weights))
         side.extrema.update(mismatch_extrema(train, rollout, weights))
         if is_active(config):
-            corr = correct(train, rollout, weights, config)
+            corr = correct(train, rollout, weights, config, batch.get("rollout_is_scale"))
             side.metrics.update(corr.metrics)
             side.extrema.update(corr.extrema)
             side.batch = {**batch, "loss_mask": weights * corr.keep}

@@ -23,6 +23,10 @@ Keys of ``loss_config`` (every policy-gradient loss takes them):
   dropped if any of its tokens' ``rho_t`` is outside). Divergence stats take an upper bound:
   ``token_k2``/``token_k3`` per token, ``seq_{mean,sum,max}_k{2,3}`` per row, with ``k2 =
   delta^2 / 2`` and ``k3 = rho - 1 - delta``.
+- ``rollout_is_batch_normalize``: the weights divided by their mean over the whole batch (its
+  kept tokens at token level, its rows at sequence level, across micro-batches and ranks), so
+  they correct the direction without changing the gradient's scale; needs ``old_log_probs``
+  (the weights must be known before the pass) and ``rollout_is``.
 - ``rollout_bypass``: the rollout log-probs serve as the old ones (the loss's ratio is then
   ``pi / mu``); the rejection compares the current policy with the sampler, and ``rollout_is``
   is refused (the ratio already carries the weight).
@@ -65,6 +69,7 @@ CORRECTION_DEFAULTS: dict[str, Any] = {
     "rollout_is_cap": 2.0,
     "rollout_is_floor": 0.0,
     "rollout_rs": None,
+    "rollout_is_batch_normalize": False,
     "rollout_bypass": False,
 }
 """The correction keys every policy-gradient loss accepts, with their defaults (no correction)."""
@@ -168,6 +173,16 @@ def check_correction(config: dict[str, Any]) -> None:
         raise LossConfigError(
             f"loss_config rollout_is={level!r} makes no sense with rollout_bypass=true: the "
             "loss's ratio is already pi/mu; use the loss's clipping, or rollout_rs"
+        )
+    normalize = config.get("rollout_is_batch_normalize", False)
+    if not isinstance(normalize, bool):
+        raise LossConfigError(
+            f"loss_config rollout_is_batch_normalize={normalize!r} must be true or false"
+        )
+    if normalize and level is None:
+        raise LossConfigError(
+            "loss_config rollout_is_batch_normalize=true needs importance weights: set "
+            f"rollout_is to one of {list(IS_LEVELS)}"
         )
     rules = config.get("rollout_rs")
     if rules is not None:
@@ -286,13 +301,40 @@ def kept_tokens(
     return loss_mask * keep.to(loss_mask.dtype)
 
 
+def batch_weight_scale(
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: Mapping[str, Any],
+) -> float:
+    """``1 / mean(w)`` of the whole batch's importance weights (kept tokens at token level,
+    rows with a kept token at sequence level), for ``rollout_is_batch_normalize``; 1.0 when
+    nothing is kept."""
+    import torch
+
+    corr = correct(old_log_probs, rollout_log_probs, loss_mask, config)
+    keep = corr.keep != 0
+    weights = corr.weights.to(torch.float64)
+    if config.get("rollout_is") == "sequence":
+        rows = keep.any(dim=-1)
+        first = torch.where(keep, weights, torch.zeros_like(weights)).amax(dim=-1)
+        total, count = first[rows].sum(), rows.sum()
+    else:
+        total, count = weights[keep].sum(), keep.sum()
+    if int(count) == 0 or float(total) <= 0:
+        return 1.0
+    return float(count) / float(total)
+
+
 def correct(
     train_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     loss_mask: torch.Tensor,
     config: Mapping[str, Any],
+    scale: float | None = None,
 ) -> Correction:
-    """This micro-batch's weights, kept tokens and metrics under ``config`` (see the module)."""
+    """This micro-batch's weights, kept tokens and metrics under ``config`` (see the module);
+    ``scale`` multiplies the weights (``batch_weight_scale``: the batch normalisation)."""
     import torch
 
     selected = loss_mask != 0
@@ -323,6 +365,12 @@ def correct(
             weights = torch.where(inside, raw, torch.zeros_like(raw))
         else:
             weights = raw.clamp(floor, cap)
+        if scale is not None:
+            weights = weights * scale
+            metrics["rollout_is_scale"] = (
+                torch.tensor(scale, dtype=torch.float64),
+                torch.tensor(1.0, dtype=torch.float64),
+            )
         kept = keep.to(torch.float64)
         count = kept.sum()
         metrics["rollout_is_weight"] = ((weights * kept).sum(), count)

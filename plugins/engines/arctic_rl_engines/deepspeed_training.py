@@ -259,6 +259,12 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
             counts = fn.normalisers(cfg, lambda: self._whole_batch(clean))
             if counts is not None:
                 num_tokens, num_seqs = counts
+        # importance weights normalised over the whole batch (the same on every rank)
+        scale = (
+            fn.weight_scale(cfg, lambda: self._whole_batch(clean))
+            if hasattr(fn, "weight_scale")
+            else None
+        )
         passes = plan(lengths, self._rank, self._world, self.setup.max_tokens_per_mb)
 
         if forward_only:
@@ -280,6 +286,8 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
                         targets=mb.get("target_tokens"),
                     )
                     mb["num_tokens"], mb["num_seqs"] = num_tokens, num_seqs
+                    if scale is not None:
+                        mb["rollout_is_scale"] = scale
                     if want_entropy:
                         mb["entropy"] = out.entropy
                     result = fn(out.log_probs, mb, **cfg)
