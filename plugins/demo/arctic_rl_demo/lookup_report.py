@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from arctic_rl_demo.lookup_run import LookupRun, LookupSettings
-from arctic_rl_demo.mismatch import draw_mismatch, mismatch_rows, mismatch_summary
+from arctic_rl_demo.mismatch import draw_mismatch, mismatch_summary
+from arctic_rl_demo.report_parts import phase_seconds, reward_figure, timing_rows
 
 
 def summarize(
@@ -21,10 +22,7 @@ def summarize(
     rewards = [r["reward_mean"] for r in rl]
     k = min(5, len(rewards))
     n = max(1, len(rl))
-    phases: dict[str, float] = {}
-    for r in rl:
-        for name, sec in r["seconds"].items():
-            phases[name] = phases.get(name, 0.0) + sec
+    phases = phase_seconds(rl)
     settings = {key: str(v) if isinstance(v, Path) else v for key, v in asdict(s).items()}
     return {
         "task": "lookup",
@@ -72,14 +70,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"| train reward, first 5 GRPO steps | {summary['first5_reward']:.3f} |",
         f"| train reward, last 5 GRPO steps | {summary['last5_reward']:.3f} |",
         f"| rollouts that raised (reward 0) | {summary['rollout_errors']} |",
-        f"| set-up (server, Ray, engines) | {summary['setup_seconds']:.1f} s |",
-        f"| SFT phase (with 2 evaluations) | {summary['sft_seconds']:.1f} s |",
-        f"| RL phase (with its evaluations) | {summary['rl_seconds']:.1f} s |",
-        f"| total | {summary['total_seconds']:.1f} s |",
+        *timing_rows(summary, "RL phase (with its evaluations)", "GRPO step time"),
     ]
-    lines.extend(mismatch_rows(summary))
-    for name, sec in summary["mean_step_seconds_by_phase"].items():
-        lines.append(f"| GRPO step time: {name} | {sec:.3f} s |")
     return "\n".join(lines) + "\n"
 
 
@@ -87,43 +79,32 @@ def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) ->
     """Train reward and held-out success over the GRPO steps (0: after the warm start; the
     success before it is in the legend), and the mismatch of each GRPO step under them,
     saved at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rl = [r for r in records if r["phase"] == "rl"]
     evals = [r for r in records if r["phase"] == "eval"]
     before = [r["heldout_success"] for r in evals if r["rl_step"] < 0]
     after = [r for r in evals if r["rl_step"] >= 0]
     xs = [r["rl_step"] for r in after]
-    fig, (ax, low) = plt.subplots(
-        2, 1, figsize=(8, 6.4), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
-    )
-    ax.plot(
-        [r["step"] + 1 for r in rl],
-        [r["reward_mean"] for r in rl],
-        label="train reward (exact answer, T=1)",
-        alpha=0.7,
-    )
-    start = f"; before the warm start {before[0]:.2f}" if before else ""
-    ax.plot(
-        xs,
-        [r["heldout_success"] for r in after],
-        "o-",
-        label=f"held-out success (greedy, {settings.heldout_size} keys{start})",
-    )
-    ax.plot(xs, [r["heldout_key_right"] for r in after], "x--", label="held-out: right key called")
-    warm = settings.sft_short_steps + settings.sft_steps
-    draw_mismatch(low, [r["step"] + 1 for r in rl], rl)
-    low.set_xlabel(f"GRPO step (0: after {warm} warm-start steps)")
-    ax.set_ylabel("success")
-    ax.set_title(
-        f"Arctic RL demo: lookup agent (openai-agents), {settings.model_size} model, CPU", pad=10
-    )
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with reward_figure(path, "success") as (ax, low):
+        ax.plot(
+            [r["step"] + 1 for r in rl],
+            [r["reward_mean"] for r in rl],
+            label="train reward (exact answer, T=1)",
+            alpha=0.7,
+        )
+        start = f"; before the warm start {before[0]:.2f}" if before else ""
+        ax.plot(
+            xs,
+            [r["heldout_success"] for r in after],
+            "o-",
+            label=f"held-out success (greedy, {settings.heldout_size} keys{start})",
+        )
+        ax.plot(
+            xs, [r["heldout_key_right"] for r in after], "x--", label="held-out: right key called"
+        )
+        warm = settings.sft_short_steps + settings.sft_steps
+        draw_mismatch(low, [r["step"] + 1 for r in rl], rl)
+        low.set_xlabel(f"GRPO step (0: after {warm} warm-start steps)")
+        ax.set_title(
+            f"Arctic RL demo: lookup agent (openai-agents), {settings.model_size} model, CPU",
+            pad=10,
+        )

@@ -18,8 +18,8 @@ from arctic_rl_demo.lookup_agent import AgentPlayer, EpisodeResult
 from arctic_rl_demo.lookup_grpo import grpo_batch
 from arctic_rl_demo.lookup_sft import prompt_ids, sft_batch
 from arctic_rl_demo.lookup_task import LookupTask
-from arctic_rl_demo.run import MODEL_SIZES
 from arctic_rl_demo.run_log import RunLog, check_report_to
+from arctic_rl_demo.runner import MODEL_SIZES
 from arctic_rl_demo.task import CORRECTION_CHOICES, mismatch_record
 
 

@@ -7,7 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from arctic_rl_demo.mismatch import draw_mismatch, mismatch_rows, mismatch_summary
+from arctic_rl_demo.mismatch import draw_mismatch, mismatch_summary
+from arctic_rl_demo.report_parts import phase_seconds, reward_figure, timing_rows
 from arctic_rl_demo.run import DemoRun, DemoSettings
 
 
@@ -20,10 +21,7 @@ def summarize(
     evals = [r for r in run.records if r["phase"] == "eval"]
     rewards = [r["reward_mean"] for r in rl]
     k = min(10, len(rewards))
-    phases: dict[str, float] = {}
-    for r in rl:
-        for name, sec in r["seconds"].items():
-            phases[name] = phases.get(name, 0.0) + sec
+    phases = phase_seconds(rl)
     rl_step_seconds = phases.get("total", 0.0)
     n = max(1, len(rl))
     staleness = [r["staleness"] for r in rl]
@@ -74,6 +72,7 @@ def weights_trained(settings: DemoSettings) -> str:
 def summary_table(summary: dict[str, Any]) -> str:
     """The summary as a markdown table (``summary.md``, printed at the end of a run)."""
     mode = summary["mode"]
+    reward = summary["settings"].get("reward", "exact")
     if mode == "async":
         mode += f" (max staleness {summary['max_staleness']})"
     lines = [
@@ -87,65 +86,44 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"| held-out exact match after SFT | {summary['heldout_exact_after_sft']:.3f} |",
         f"| held-out exact match, final | {summary['heldout_exact_final']:.3f} |",
         f"| held-out prompts (greedy, never trained on) | {summary['heldout_size']} |",
-        f"| train reward (exact), first 10 RL steps | {summary['first10_reward']:.3f} |",
-        f"| train reward (exact), last 10 RL steps | {summary['last10_reward']:.3f} |",
+        f"| train reward ({reward}), first 10 RL steps | {summary['first10_reward']:.3f} |",
+        f"| train reward ({reward}), last 10 RL steps | {summary['last10_reward']:.3f} |",
         f"| staleness, max / mean (versions) | {summary['staleness_max']} / "
         f"{summary['staleness_mean']:.2f} |",
         f"| rollouts generated during an update (overlap) | "
         f"{summary['rollouts_overlapping_training']} "
         f"({summary['generation_overlap_seconds']:.1f} s) |",
-        f"| set-up (server, Ray, engines) | {summary['setup_seconds']:.1f} s |",
-        f"| SFT phase (with 2 evaluations) | {summary['sft_seconds']:.1f} s |",
-        f"| RL phase | {summary['rl_seconds']:.1f} s |",
-        f"| RL steps per second (evaluations excluded) | {summary['rl_steps_per_second']:.3f} |",
-        f"| total | {summary['total_seconds']:.1f} s |",
+        *timing_rows(summary, "RL phase", "RL step time"),
     ]
-    lines.extend(mismatch_rows(summary))
-    for name, sec in summary["mean_step_seconds_by_phase"].items():
-        lines.append(f"| RL step time: {name} | {sec:.3f} s |")
     return "\n".join(lines) + "\n"
 
 
 def plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> None:
     """Train reward and held-out exact match over the optimizer steps, and the mismatch of
     each GRPO step under them, saved at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sft = settings.sft_steps
     rl = [r for r in records if r["phase"] == "rl"]
     evals = [r for r in records if r["phase"] == "eval"]
-    fig, (ax, low) = plt.subplots(
-        2, 1, figsize=(8, 6.4), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
-    )
-    ax.plot(
-        [sft + r["step"] + 1 for r in rl],
-        [r["reward_mean"] for r in rl],
-        label="train reward (exact match of samples, T=1)",
-        alpha=0.7,
-    )
-    ax.plot(
-        [0 if r["rl_step"] < 0 else sft + r["rl_step"] for r in evals],
-        [r["heldout_exact"] for r in evals],
-        "o-",
-        label=f"held-out exact match (greedy, {settings.heldout_size} prompts)",
-    )
-    ax.axvline(sft, color="grey", linestyle="--")
-    ax.text(sft, 1.02, " SFT | GRPO", color="grey", va="bottom", ha="center")
-    mode = "async, one-step off-policy" if settings.async_mode else "sync"
-    draw_mismatch(low, [sft + r["step"] + 1 for r in rl], rl)
-    low.set_xlabel("optimizer step (SFT steps, then GRPO steps)")
-    ax.set_ylabel("exact match")
-    ax.set_title(
-        f"Arctic RL demo: reverse {settings.digits} digits, {settings.model_size} model, CPU "
-        f"({mode}, {weights_trained(settings)})",
-        pad=18,
-    )
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with reward_figure(path, "exact match") as (ax, low):
+        ax.plot(
+            [sft + r["step"] + 1 for r in rl],
+            [r["reward_mean"] for r in rl],
+            label=f"train reward ({settings.reward} of samples, T=1)",
+            alpha=0.7,
+        )
+        ax.plot(
+            [0 if r["rl_step"] < 0 else sft + r["rl_step"] for r in evals],
+            [r["heldout_exact"] for r in evals],
+            "o-",
+            label=f"held-out exact match (greedy, {settings.heldout_size} prompts)",
+        )
+        ax.axvline(sft, color="grey", linestyle="--")
+        ax.text(sft, 1.02, " SFT | GRPO", color="grey", va="bottom", ha="center")
+        mode = "async, one-step off-policy" if settings.async_mode else "sync"
+        draw_mismatch(low, [sft + r["step"] + 1 for r in rl], rl)
+        low.set_xlabel("optimizer step (SFT steps, then GRPO steps)")
+        ax.set_title(
+            f"Arctic RL demo: reverse {settings.digits} digits, {settings.model_size} model, "
+            f"CPU ({mode}, {weights_trained(settings)})",
+            pad=18,
+        )

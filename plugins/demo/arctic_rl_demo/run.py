@@ -15,17 +15,13 @@ from typing import Any
 
 from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
 from arctic_rl_demo.run_log import RunLog, check_report_to
+from arctic_rl_demo.runner import MODEL_SIZES
 from arctic_rl_demo.task import (
     CORRECTION_CHOICES,
     REWARD_CHOICES,
     ReverseDigitsTask,
     mismatch_record,
 )
-
-MODEL_SIZES: dict[str, dict[str, int]] = {
-    "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2},
-    "small": {"hidden_size": 256, "num_layers": 4, "num_heads": 4},
-}
 
 
 @dataclass
@@ -112,7 +108,20 @@ class DemoRun:
 
     # --- phases ---------------------------------------------------------------------------
 
-    async def warm_start(self) -> None:
+    async def aclose(self) -> None:
+        """Close the run's log (metrics file and trackers)."""
+        self.run_log.close()
+
+    async def rl(self, bar: Any) -> None:
+        """The GRPO phase: the synchronous loop, or the ``--async`` pipeline."""
+        if self.settings.async_mode:
+            from arctic_rl_demo.async_loop import rl_async
+
+            await rl_async(self, bar)
+        else:
+            await self.rl_sync(bar)
+
+    async def warm_start(self, bar: Any = None) -> None:
         """Supervised steps on task demonstrations, then save a checkpoint and sync."""
         s = self.settings
         for i in range(s.sft_steps):
@@ -130,6 +139,8 @@ class DemoRun:
                     "seconds": time.monotonic() - t0,
                 }
             )
+            if bar is not None:
+                bar.update(1)
         self.sft_checkpoint = await self.client.save_checkpoint(tag="sft")
         synced = await self.client.sync_weights()
         self.weight_version = int(synced["weight_version"])
