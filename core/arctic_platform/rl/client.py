@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -534,8 +535,33 @@ class AsyncArcticRLClient:
     async def create(
         cls, config: ArcticRLClientConfig | dict[str, Any], **kwargs: Any
     ) -> AsyncArcticRLClient:
-        """Start (or reconnect) the client without blocking the event loop."""
-        return cls(await asyncio.to_thread(ArcticRLClient, config, **kwargs))
+        """Start (or reconnect) the client without blocking the event loop.
+
+        The client is built in a thread, which a cancellation (Ctrl-C under ``asyncio.run``)
+        cannot stop: a client finished after its caller was cancelled is ended as its ``with``
+        block would end it (``shutdown`` when it made its jobs, else ``close``), so no server
+        or job is left behind that no one holds."""
+        lock = threading.Lock()
+        state: dict[str, Any] = {"abandoned": False, "built": None}
+
+        def build() -> ArcticRLClient:
+            client = ArcticRLClient(config, **kwargs)
+            with lock:
+                state["built"] = client
+                if not state["abandoned"]:
+                    return client
+            client.__exit__(None, None, None)
+            return client
+
+        try:
+            return cls(await asyncio.to_thread(build))
+        except asyncio.CancelledError:
+            with lock:
+                state["abandoned"] = True
+                done = state["built"]  # built before the cancellation reached us
+            if done is not None:
+                done.__exit__(None, None, None)
+            raise
 
     @property
     def job_ids(self) -> dict[str, int | None]:
