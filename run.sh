@@ -45,7 +45,7 @@ setup() {
 # venv, .venv-verifiers; tests/support/verifiers_venv.py builds it (stamped, locked) and the
 # tests call the same helper, so a failed build fails `./run.sh test` instead of skipping.
 verifiers_venv() {
-    "$PY" tests/support/verifiers_venv.py >/dev/null
+    "$PY" tests/support/verifiers_venv.py >/dev/null 2>"${TMPDIR:-/tmp}/arctic-rl-verifiers-venv.$$.log"
 }
 
 # Prometheus (the Debian package; its service is not started) for the metrics tests and for
@@ -71,7 +71,9 @@ case "$cmd" in
         exec "$VENV/bin/arctic-rl" demo "$@" ;;
     test)
         setup
-        verifiers_venv
+        # the verifiers venv builds beside the first tests (its test waits on the build's lock
+        # and fails, never skips, if it could not be built); its output is in the venv's log
+        verifiers_venv &
         prometheus_binary
         # the project's own modules (an editable install, which pip does not byte-compile):
         # compiled once here, so the tests' hundreds of server and worker processes load them
