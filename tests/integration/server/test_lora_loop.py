@@ -112,6 +112,20 @@ def test_a_rollout_correction_weights_rejects_and_refuses_through_the_real_engin
     assert tis["rollout_is_weight.min"] == pytest.approx(math.exp(-1.0), rel=1e-3)
     assert tis["rollout_is_weight.max"] == pytest.approx(1.0, abs=1e-3)
     assert 0.0 < tis["rollout_is_ess"] < 1.0
+    # the same weights normalised over the whole batch: mean 1, the loss scaled alike (one
+    # sign of advantage, so the policy-gradient term does not cancel to rounding noise)
+    positive = {**batch, "advantages": [1.0] * len(batch["advantages"])}
+    tis = client.fwd_bwd(
+        positive, loss_fn="grpo", loss_config={"rollout_correction": "token_tis"}, forward_only=True
+    )
+    normal = {"rollout_correction": "token_tis", "rollout_is_batch_normalize": True}
+    normed = client.fwd_bwd(positive, loss_fn="grpo", loss_config=normal, forward_only=True)
+    assert normed["rollout_is_weight"] == pytest.approx(1.0, rel=1e-6)
+    assert normed["rollout_is_scale"] == pytest.approx(1 / tis["rollout_is_weight"], rel=1e-6)
+    assert abs(tis["pg_loss"]) > 0.1
+    scaled = normed["rollout_is_scale"] * tis["pg_loss"]
+    assert normed["pg_loss"] == pytest.approx(scaled, rel=1e-5)
+    assert normed["rollout_is_ess"] == pytest.approx(tis["rollout_is_ess"], rel=1e-6)
 
     bad = [
         ({"rollout_correction": "tis"}, "rollout_correction"),
@@ -122,6 +136,9 @@ def test_a_rollout_correction_weights_rejects_and_refuses_through_the_real_engin
         with pytest.raises(ServerError, match=field) as refused:
             client.fwd_bwd(batch, loss_fn="grpo", loss_config=config)
         assert refused.value.status_code == 422
+    with pytest.raises(ServerError, match="old_log_probs") as refused:
+        client.fwd_bwd(rows.batch(rollout_log_probs=pushed), loss_fn="grpo", loss_config=normal)
+    assert refused.value.status_code == 422
     no_rollout = rows.batch(old_log_probs=old)
     with pytest.raises(ServerError, match="rollout_log_probs") as refused:
         client.fwd_bwd(no_rollout, loss_fn="grpo", loss_config={"rollout_correction": "seq_tis"})
