@@ -535,31 +535,24 @@ class AsyncArcticRLClient:
     async def create(
         cls, config: ArcticRLClientConfig | dict[str, Any], **kwargs: Any
     ) -> AsyncArcticRLClient:
-        """Start (or reconnect) the client without blocking the event loop.
-
-        The client is built in a thread, which a cancellation (Ctrl-C under ``asyncio.run``)
-        cannot stop: a client finished after its caller was cancelled is ended as its ``with``
-        block would end it (``shutdown`` when it made its jobs, else ``close``), so no server
-        or job is left behind that no one holds."""
-        lock = threading.Lock()
-        state: dict[str, Any] = {"abandoned": False, "built": None}
+        """Start (or reconnect) the client without blocking the event loop; a client that its
+        thread finishes after the caller was cancelled (Ctrl-C) is ended as ``with`` would."""
+        lock, state = threading.Lock(), dict[str, Any](abandoned=False, built=None)
 
         def build() -> ArcticRLClient:
             client = ArcticRLClient(config, **kwargs)
             with lock:
-                state["built"] = client
-                if not state["abandoned"]:
-                    return client
-            client.__exit__(None, None, None)
+                state["built"], abandoned = client, state["abandoned"]
+            if abandoned:
+                client.__exit__(None, None, None)
             return client
 
         try:
             return cls(await asyncio.to_thread(build))
         except asyncio.CancelledError:
             with lock:
-                state["abandoned"] = True
-                done = state["built"]  # built before the cancellation reached us
-            if done is not None:
+                state["abandoned"], done = True, state["built"]
+            if isinstance(done, ArcticRLClient):  # built before the cancellation reached us
                 done.__exit__(None, None, None)
             raise
 
