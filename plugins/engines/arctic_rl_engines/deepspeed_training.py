@@ -8,6 +8,7 @@ DeepSpeed's mean over ranks is undone), so the update equals the one-batch updat
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -255,16 +256,14 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
         num_tokens = float(mask.sum(dtype=np.float64))
         num_seqs = float(np.count_nonzero(np.add.reduceat(mask != 0, clean.offsets[:-1])))
         lengths = clean.lengths.tolist()
+        # the whole batch as [B, T] tensors, padded once if a loss hook below asks for it
+        whole_batch = functools.cache(lambda: self._whole_batch(clean))
         if hasattr(fn, "normalisers"):  # a rejection the batch alone decides: fewer to mean over
-            counts = fn.normalisers(cfg, lambda: self._whole_batch(clean))
+            counts = fn.normalisers(cfg, whole_batch)
             if counts is not None:
                 num_tokens, num_seqs = counts
         # importance weights normalised over the whole batch (the same on every rank)
-        scale = (
-            fn.weight_scale(cfg, lambda: self._whole_batch(clean))
-            if hasattr(fn, "weight_scale")
-            else None
-        )
+        scale = fn.weight_scale(cfg, whole_batch) if hasattr(fn, "weight_scale") else None
         passes = plan(lengths, self._rank, self._world, self.setup.max_tokens_per_mb)
 
         if forward_only:
