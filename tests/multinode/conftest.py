@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from netns_cluster import NetnsCluster, unavailable_reason
+from support.ci_gate import ci_is_set
 from support.lasting import until_last_use
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +37,7 @@ def unavailable_outcome(reason: str | None, environ: Mapping[str, str]) -> tuple
     ``("fail", why)`` under ``CI`` set to true/1/yes, else ``("skip", reason)``."""
     if reason is None:
         return None
-    if environ.get("CI", "").strip().lower() in {"true", "1", "yes"}:
+    if ci_is_set(environ):
         return "fail", f"CI={environ['CI']} but the multi-node suite cannot run here: {reason}"
     return "skip", reason
 
