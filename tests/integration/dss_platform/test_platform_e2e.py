@@ -276,13 +276,13 @@ def test_checkpoints_are_core_catalog_and_a_deleted_one_is_a_4xx_naming_saved_st
     t = alice.transport
     job = t.job_id
     path = alice.save_checkpoint(tag="ckpt-b")
-    table = load_table(platform.run_dir)  # core's job table: its catalog, step -> path
+    table = load_table(platform.run_dir)  # core's job table: its catalog, path -> step
     assert table is not None
     core = next(j for j in table.jobs if j.job_id == alice.job_ids["training"]).checkpoints
-    step = next(s for s, p in core.items() if p == path)
+    step = core[path]
     listed = t._send("GET", f"/{job}/checkpoints", what="list")["checkpoints"]
     assert {c["checkpoint_id"]: c["global_steps"] for c in listed} == {
-        Path(p).name: s for s, p in core.items() if Path(p).is_dir()
+        Path(p).name: s for p, s in core.items() if Path(p).is_dir()
     }
     assert next(c for c in listed if c["checkpoint_id"] == "ckpt-b")["global_steps"] == step
     t.raw("DELETE", f"/{job}/checkpoints/ckpt-b").raise_for_status()

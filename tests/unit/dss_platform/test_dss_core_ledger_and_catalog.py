@@ -123,7 +123,7 @@ def test_the_checkpoint_list_is_cores_catalog_with_the_platforms_notes(platform)
     _step(service, "s1")
     saved = _done(service, service.save(USER, JOB, SaveBody(checkpoint_id="first")))
     (listed,) = service.list_checkpoints(USER, JOB)["checkpoints"]
-    assert job.checkpoints == {1: saved["path"]}  # core's catalog holds the step
+    assert job.checkpoints == {saved["path"]: 1}  # core's catalog holds the step
     assert listed["checkpoint_id"] == "first" and listed["global_steps"] == 1
     assert listed["avg_loss"] == 0.5 and listed["checkpoint_type"] == "resumable"
     assert listed["sub_job_id"] == f"{JOB}:training:0" and "path" not in listed
@@ -207,6 +207,6 @@ def test_deleting_a_checkpoint_never_removes_files_outside_the_checkpoint_root(p
     service, job, _engine = platform
     outside = tmp_path / "elsewhere" / "kept"
     outside.mkdir(parents=True)
-    job.checkpoints[7] = str(outside)  # a catalog entry outside the run dir's checkpoints
+    job.checkpoints[str(outside)] = 7  # a catalog entry outside the run dir's checkpoints
     service.delete_checkpoint(USER, JOB, "kept")
     assert outside.is_dir()

@@ -44,7 +44,7 @@ def _server(tmp_path, monkeypatch) -> tuple[RLServer, Job, Path]:
 
     monkeypatch.setattr(server, "_all_ranks", engine_load)
     root = server.checkpoint_root(job)
-    job.checkpoints = {3: _complete(root / "global_step3", 3), 5: _complete(root / "latest", 5)}
+    job.checkpoints = {_complete(root / "global_step3", 3): 3, _complete(root / "latest", 5): 5}
     job.latest_checkpoint = str(root / "latest")
     return server, job, root
 
@@ -66,9 +66,9 @@ def test_latest_resolves_the_complete_hidden_copy_and_the_table_keeps_its_step(
     _cut_replacement(root, 9)
     assert _load(server) == {"global_step": 9, "path": str(root / "latest")}
     assert job.global_step == 9
-    assert job.checkpoints == {3: str(root / "global_step3"), 9: str(root / "latest")}
+    assert job.checkpoints == {str(root / "global_step3"): 3, str(root / "latest"): 9}
     table = load_table(tmp_path)
-    assert table is not None and sorted(table.jobs[0].checkpoints) == [3, 9]
+    assert table is not None and sorted(table.jobs[0].checkpoints.values()) == [3, 9]
     assert _load(server, step=9)["global_step"] == 9
     assert _load(server, step=3)["global_step"] == 3  # a visible checkpoint, as before
     saved = r"no checkpoint at step 5; saved steps: \[3, 9\]"
@@ -81,7 +81,7 @@ def test_a_step_whose_copy_was_being_replaced_says_which_step_the_job_is_at(tmp_
     _cut_replacement(root, 9)
     with pytest.raises(JobStateError, match=r"cut short.*job 1 is at step 9 now"):
         _load(server, step=5)
-    assert job.global_step == 9 and 5 not in job.checkpoints
+    assert job.global_step == 9 and 5 not in job.checkpoints.values()
 
 
 def test_a_resumed_job_corrects_the_step_of_the_checkpoint_it_was_restored_from(
@@ -104,7 +104,37 @@ def test_saving_a_tag_again_replaces_the_older_steps_entry():
     assert record_checkpoint(job, 5, "/c/latest") is False
     record_checkpoint(job, 7, "/c/global_step7")
     assert record_checkpoint(job, 9, "/c/latest") is True
-    assert job.checkpoints == {7: "/c/global_step7", 9: "/c/latest"}
+    assert job.checkpoints == {"/c/global_step7": 7, "/c/latest": 9}
+
+
+def test_two_tags_saved_at_one_step_are_both_kept_and_a_load_by_step_takes_the_newest(
+    tmp_path, monkeypatch
+):
+    server, job, root = _server(tmp_path, monkeypatch)
+    record_checkpoint(job, 5, _complete(root / "before-eval", 5))  # a second save at step 5
+    view = job.describe()["checkpoints"]
+    assert view == [
+        {"step": 3, "path": str(root / "global_step3")},
+        {"step": 5, "path": str(root / "latest")},
+        {"step": 5, "path": str(root / "before-eval")},
+    ]
+    assert _load(server, step=5)["path"] == str(root / "before-eval")
+    shutil.rmtree(root / "before-eval")
+    with pytest.raises(CheckpointNotFoundError, match=r"saved steps: \[3, 5\]"):
+        _load(server, step=5)
+    assert _load(server, step=5)["path"] == str(root / "latest")
+
+
+def test_a_table_written_with_the_step_keyed_catalog_still_loads():
+    from arctic_platform.rl.server.job_table import JobRecord
+
+    old = {"1": "/c/global_step1", "4": "/c/latest"}
+    record = JobRecord.model_validate(
+        {"job_id": 1, "job_type": "training", "engine": "deepspeed", "config": {},
+         "num_gpus": 1, "state": "running", "checkpoints": old,
+         "created_at": 0.0, "updated_at": 0.0}
+    )  # fmt: skip
+    assert record.checkpoints == {"/c/global_step1": 1, "/c/latest": 4}
 
 
 def test_a_restart_hands_the_engine_a_latest_checkpoint_it_cannot_see_itself(tmp_path):
@@ -133,9 +163,9 @@ def test_a_load_by_step_of_a_deleted_checkpoint_is_a_404_naming_the_saved_steps(
     shutil.rmtree(root / "global_step3")
     with pytest.raises(CheckpointNotFoundError, match=r"step 3 any more.*saved steps: \[5\]"):
         _load(server, step=3)
-    assert job.checkpoints == {5: str(root / "latest")}  # the entry is dropped for good
+    assert job.checkpoints == {str(root / "latest"): 5}  # the entry is dropped for good
     table = load_table(tmp_path)
-    assert table is not None and sorted(table.jobs[0].checkpoints) == [5]
+    assert table is not None and list(table.jobs[0].checkpoints.values()) == [5]
     with pytest.raises(InvalidRequestError, match=r"no checkpoint at step 3; saved steps: \[5\]"):
         _load(server, step=3)
 

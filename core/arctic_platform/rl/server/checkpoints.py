@@ -2,7 +2,8 @@
 paths confined to it, the catalog of saved steps, and which checkpoint a load means.
 
 The engine writes and reads the checkpoint directories; this module only decides paths and
-keeps ``Job.checkpoints`` (step -> path) and ``Job.latest_checkpoint`` in step with them.
+keeps ``Job.checkpoints`` (path -> step, in save order: two tags saved at one step are both
+kept) and ``Job.latest_checkpoint`` in step with them.
 """
 
 from __future__ import annotations
@@ -69,25 +70,39 @@ def confine(root: Path, path: str) -> Path:
 def record_checkpoint(job: Job, step: int, path: str) -> bool:
     """Note that ``path`` holds ``job``'s checkpoint of ``step``; returns whether that is news.
 
-    A path holds one checkpoint: saving the same tag again replaces the older step's entry.
+    A path holds one checkpoint: saving the same tag at another step replaces its older entry
+    (and makes it the newest save); other paths of the same step stay listed.
     """
-    stale = [s for s, p in job.checkpoints.items() if p == path and s != step]
-    for old in stale:
-        del job.checkpoints[old]
-    news = bool(stale) or job.checkpoints.get(step) != path
-    job.checkpoints[step] = path
-    return news
+    if job.checkpoints.get(path) == step:
+        return False
+    job.checkpoints.pop(path, None)
+    job.checkpoints[path] = step
+    return True
+
+
+def saved_steps(job: Job) -> list[int]:
+    """The distinct steps the catalog holds a checkpoint of, ascending."""
+    return sorted(set(job.checkpoints.values()))
+
+
+def newest_path(job: Job, step: int | None = None) -> str | None:
+    """The catalog's newest save of ``step`` (None: of the highest step); None when none."""
+    if step is None:
+        step = max(job.checkpoints.values(), default=None)
+    paths = [p for p, s in job.checkpoints.items() if s == step]
+    return paths[-1] if paths else None
 
 
 def load_target(run_dir: Path, job: Job, step: int | None) -> Path:
-    """The recorded checkpoint a load by ``step`` (None: the latest) means; 422 when there is
-    none. A job resumed from its config's root hands the root: the engine finds the newest."""
+    """The recorded checkpoint a load by ``step`` (None: the latest) means (of several saved
+    at that step, the newest); 422 when there is none. A job resumed from its config's root
+    hands the root: the engine finds the newest."""
     if step is not None:
-        known = job.checkpoints.get(step)
+        known = newest_path(job, step)
         if known is None:
             raise InvalidRequestError(
                 f"job {job.job_id} has no checkpoint at step {step}; saved "
-                f"steps: {sorted(job.checkpoints)}"
+                f"steps: {saved_steps(job)}"
             )
         return Path(known)
     if job.latest_checkpoint is not None:
@@ -100,20 +115,17 @@ def load_target(run_dir: Path, job: Job, step: int | None) -> Path:
 def forget_checkpoint(
     job: Job, target: Path, step: int | None, cause: CheckpointNotFoundError
 ) -> CheckpointNotFoundError:
-    """Drop the catalog entries of ``target``, which the engine no longer finds (deleted),
-    and the error naming the steps still saved; call under ``job.lock``."""
-    gone = [s for s, p in job.checkpoints.items() if p == str(target)]
-    for old in gone:
-        del job.checkpoints[old]
+    """Drop the catalog entry of ``target``, which the engine no longer finds (deleted), and
+    the error naming the steps still saved; call under ``job.lock``."""
+    gone = job.checkpoints.pop(str(target), None) is not None
     if job.latest_checkpoint == str(target):
-        newest = max(job.checkpoints, default=None)
-        job.latest_checkpoint = None if newest is None else job.checkpoints[newest]
+        job.latest_checkpoint = newest_path(job)
     if gone:
         job.changed()
     which = f"at step {step}" if step is not None else f"at {target} (its latest)"
     return CheckpointNotFoundError(
         f"job {job.job_id} has no checkpoint {which} any more ({cause}); saved steps: "
-        f"{sorted(job.checkpoints)}"
+        f"{saved_steps(job)}"
     )
 
 
@@ -123,5 +135,7 @@ __all__ = [
     "confine",
     "forget_checkpoint",
     "load_target",
+    "newest_path",
     "record_checkpoint",
+    "saved_steps",
 ]

@@ -81,7 +81,9 @@ class Job:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     latest_checkpoint: str | None = None
-    checkpoints: dict[int, str] = field(default_factory=dict)
+    checkpoints: dict[str, int] = field(default_factory=dict)
+    """The checkpoint catalog, path -> step, oldest save first (several paths may share a step:
+    two tags saved between the same two optimizer steps)."""
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     cancel_requested: bool = False
     worker_pids: list[int] = field(default_factory=list)
@@ -166,11 +168,8 @@ class Job:
         """The checkpoint catalog, ``[{"step", "path"}]`` by step, of the entries whose
         directory exists: one deleted outside the server is not listed (nor one whose
         replacement was cut short, leaving only a hidden copy; it still loads by step)."""
-        return [
-            {"step": step, "path": path}
-            for step, path in sorted(self.checkpoints.items())
-            if Path(path).is_dir()
-        ]
+        entries = sorted(self.checkpoints.items(), key=lambda item: item[1])  # stable: save order
+        return [{"step": step, "path": path} for path, step in entries if Path(path).is_dir()]
 
     def describe(self) -> dict[str, Any]:
         """The public view of this job (no tokens, no worker handles)."""

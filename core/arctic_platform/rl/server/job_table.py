@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from arctic_platform.rl.errors import JobTableError
 from arctic_platform.rl.server import job_log
@@ -51,7 +51,8 @@ class JobRecord(BaseModel):
     ]
     reason: str | None = None
     latest_checkpoint: str | None = None
-    checkpoints: dict[int, str] = Field(default_factory=dict)
+    checkpoints: dict[str, int] = Field(default_factory=dict)
+    """Path -> step, oldest save first."""
     weight_version: int = Field(default=0, ge=0)
     weights_from: str | None = None
     synced_from: int | None = None
@@ -63,6 +64,14 @@ class JobRecord(BaseModel):
     request_ids: list[RequestIdRecord] = Field(default_factory=list)
     created_at: float
     updated_at: float
+
+    @field_validator("checkpoints", mode="before")
+    @classmethod
+    def _step_keyed_catalog(cls, value: Any) -> Any:
+        """Tables written before a step could hold several checkpoints kept step -> path."""
+        if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+            return {path: int(step) for step, path in value.items()}
+        return value
 
 
 class JobTable(BaseModel):
