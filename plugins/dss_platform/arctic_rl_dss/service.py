@@ -355,7 +355,7 @@ class PlatformService(DataPlaneMixin, OperationsMixin):
         }
 
     # --- checkpoints --------------------------------------------------------------------
-    # Which checkpoints a training sub-job has (step -> path) is core's catalog (get_job);
+    # Which checkpoints a training sub-job has (path and step) is core's catalog (get_job);
     # the store only notes what core does not know (loss, type, creation time), by path.
 
     def _catalog(self, sub: SubJobRow) -> list[dict[str, Any]]:
