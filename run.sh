@@ -61,6 +61,50 @@ prometheus_binary() {
     "${apt[@]}" >/dev/null || { apt-get update -q >/dev/null && "${apt[@]}" >/dev/null; }
 }
 
+# The whole suite runs as two pytest processes side by side: about half of its wall time the
+# tests wait (servers and Ray clusters starting, timeouts running out) rather than compute.
+# Shard A holds the multi-node suite, the hardening suite, the unit tests and the other users of
+# the shared `live` server (so it starts once); shard B is every other test, found by ignoring
+# shard A's paths, so a new test folder lands in B and nothing is left out.
+SHARD_A=(
+    tests/multinode
+    tests/hardening
+    tests/unit
+    tests/integration/observe/test_prometheus_scrape.py
+    tests/integration/server/test_restart_resync.py
+    tests/integration/server/test_whole_loop.py
+)
+
+pytest_rc() {  # pytest's exit code, with "collected no tests" (5) a failure
+    if [ "$1" -eq 5 ]; then
+        echo "error: pytest collected no tests (exit 5) in $2; that is a failure here" >&2
+        return 1
+    fi
+    return "$1"
+}
+
+test_in_two_shards() {
+    local log path ignore=() pid rc_a rc_b
+    log="$(mktemp "${TMPDIR:-/tmp}/arctic-rl-shard-a.XXXXXX.log")"
+    for path in "${SHARD_A[@]}"; do ignore+=("--ignore=$path"); done
+    echo "==> shard A (${SHARD_A[*]}) runs beside shard B (the rest); its output: $log"
+    "$PY" -m pytest "${SHARD_A[@]}" >"$log" 2>&1 &
+    pid=$!
+    set +e
+    "$PY" -m pytest tests "${ignore[@]}"
+    rc_b=$?
+    echo "==> shard B done (exit $rc_b); waiting for shard A"
+    wait "$pid"
+    rc_a=$?
+    set -e
+    echo "==> shard A's output (exit $rc_a):"
+    cat "$log"
+    local failed=0
+    pytest_rc "$rc_a" "shard A" || failed=1
+    pytest_rc "$rc_b" "shard B" || failed=1
+    return "$failed"
+}
+
 cmd="${1:-help}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -79,15 +123,15 @@ case "$cmd" in
         # compiled once here, so the tests' hundreds of server and worker processes load them
         # instead of compiling them each (where PYTHONDONTWRITEBYTECODE is set, none is cached)
         "$PY" -m compileall -q core plugins >/dev/null
+        if [ $# -eq 0 ]; then
+            test_in_two_shards
+            exit $?
+        fi
         set +e
         "$PY" -m pytest tests "$@"
         rc=$?
         set -e
-        if [ "$rc" -eq 5 ]; then
-            echo "error: pytest collected no tests (exit 5); that is a failure here" >&2
-            exit 1
-        fi
-        exit "$rc" ;;
+        pytest_rc "$rc" "tests" ;;
     lint)
         setup
         "$VENV/bin/ruff" check .
