@@ -66,30 +66,52 @@ def test_token_files_in_the_run_dir_are_readable_by_the_owner_only(live):
 
 
 def test_no_answer_or_log_reveals_the_token(live):
-    with live.http() as http:
-        job = live.job_ids["training"]
-        bodies = [http.get(p).text for p in ("/status", "/metrics", f"/job/{job}")]
-        bodies.append(http.get("/openapi.json").text)
-        wrong = live.token[::-1]
-        refused = http.get("/status", headers={"Authorization": f"Bearer {wrong}"})
-        assert refused.status_code == 401
-        bodies.append(refused.text)
-    for body in bodies:
-        assert live.token not in body
-    assert wrong not in refused.text, "a refused token is echoed back"
-    # every file a token could reach: the run dir (server log, job table and its change log,
-    # job logs), the client's ARCTIC_RL_HOME around it, Ray's session logs; not the token
-    # files themselves
-    for written in ("server.log", "job_table.json"):
-        assert (live.run_dir / written).is_file(), written
-    secrets = {"the server token": live.token, "the wrong token": wrong}
-    ray_token = live.run_dir / "ray_auth_token"
-    if ray_token.is_file():
-        secrets["the Ray token"] = ray_token.read_text().strip()
-    token_files = {(live.run_dir / "token").resolve(), ray_token.resolve()}
-    roots = [live.run_dir, live.home, *ray_session_logs(live.pid)]
-    leaks = files_holding(secrets, roots, skip=token_files.__contains__)
-    assert not leaks, f"a token was written to a file: {leaks}"
+    session = live.client.open_session(ttl=600)  # its key is a secret too
+    wrong_key = session.api_key[::-1]
+    try:
+        with live.http() as http:
+            job = live.job_ids["training"]
+            bodies = [http.get(p).text for p in ("/status", "/metrics", f"/job/{job}")]
+            bodies.append(http.get("/openapi.json").text)
+            wrong = live.token[::-1]
+            refused = http.get("/status", headers={"Authorization": f"Bearer {wrong}"})
+            assert refused.status_code == 401
+            bodies.append(refused.text)
+            models = f"{session.base_url_path}/models"
+            used = http.get(models, headers={"Authorization": f"Bearer {session.api_key}"})
+            assert used.status_code == 200, used.text
+            bodies.append(used.text)
+            refused_key = http.get(models, headers={"Authorization": f"Bearer {wrong_key}"})
+            assert refused_key.status_code == 401, refused_key.text
+            bodies.append(refused_key.text)
+            bodies.append(http.get("/sessions", params={"job_id": session.job_id}).text)
+        for body in bodies:
+            assert live.token not in body and session.api_key not in body
+        assert wrong not in refused.text, "a refused token is echoed back"
+        assert wrong_key not in refused_key.text, "a refused session key is echoed back"
+        # every file a secret could reach: the run dir (server log, job table and its change
+        # log, job logs), the client's ARCTIC_RL_HOME around it, Ray's session logs; not the
+        # token files themselves, nor the session's journal (private: it holds its key so that
+        # `serve --resume` can bring the session back)
+        for written in ("server.log", "job_table.json"):
+            assert (live.run_dir / written).is_file(), written
+        secrets = {
+            "the server token": live.token,
+            "the wrong token": wrong,
+            "the session key": session.api_key,
+            "the wrong session key": wrong_key,
+        }
+        ray_token = live.run_dir / "ray_auth_token"
+        if ray_token.is_file():
+            secrets["the Ray token"] = ray_token.read_text().strip()
+        journal = (live.run_dir / "sessions" / f"{session.session_id}.jsonl").resolve()
+        assert journal.is_file() and stat.S_IMODE(journal.stat().st_mode) == 0o600
+        private = {(live.run_dir / "token").resolve(), ray_token.resolve(), journal}
+        roots = [live.run_dir, live.home, *ray_session_logs(live.pid)]
+        leaks = files_holding(secrets, roots, skip=private.__contains__)
+        assert not leaks, f"a secret was written to a file: {leaks}"
+    finally:
+        live.client.close_session(session.session_id)
 
 
 def test_status_names_no_path_outside_the_run_dir_but_the_model(live):

@@ -15,11 +15,15 @@ def files_holding(
     """``'<secret name> in <file>'`` for each file under ``roots`` (recursively; a file reached
     twice through links is read once) that holds a secret, except where ``skip(path)``.
 
-    Every root must be an existing folder, so a scan cannot pass by reading nothing.
+    Every root must be an existing folder and every secret a non-empty string, so a scan
+    cannot pass by reading nothing or by looking for nothing.
     """
+    empty = [name for name, value in secrets.items() if not value]
+    assert not empty, f"empty secrets {empty}: the scan would pass without looking for them"
+    assert secrets, "no secrets given: the scan would pass without looking for any"
     found: list[str] = []
     seen: set[Path] = set()
-    wanted = {name: value.encode() for name, value in secrets.items() if value}
+    wanted = {name: value.encode() for name, value in secrets.items()}
     for root in roots:
         assert root.is_dir(), f"{root} is missing: the scan would pass without reading it"
         for path in sorted(root.rglob("*")):
