@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from support.openai_errors import openai_error, refused
 from support.session_app import TOKEN, FakeServer, http_app, open_session, openai_client
 
 openai = pytest.importorskip("openai")
@@ -53,14 +54,8 @@ BAD_TOOLS = {
 
 
 def _refused(call: Any, match: str | None = None) -> str:
-    """The message of the OpenAI-style 400 that ``call()`` gets."""
-    with pytest.raises(openai.BadRequestError) as refused:
-        call()
-    body = refused.value.body
-    assert body["type"] == "invalid_request_error" and body["message"], body
-    if match is not None:
-        assert match in body["message"], body["message"]
-    return str(body["message"])
+    """The message of the OpenAI 400 (its whole shape checked) that ``call()`` gets."""
+    return str(refused(call, 400, match)["message"])
 
 
 @pytest.mark.parametrize("choice", [None, "auto", "none", "required"])
@@ -150,8 +145,8 @@ def test_token_in_max_tokens_past_the_context_is_a_400(tok_dir):
     http = http_app(server, None)
     sid = open_session(http, None)["session_id"]
     body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1022}}
-    refused = http.post(f"/s/{sid}/inference/v1/generate", json=body)
-    assert refused.status_code == 400 and "does not fit" in refused.json()["error"]["message"]
+    answer = http.post(f"/s/{sid}/inference/v1/generate", json=body)
+    assert "does not fit" in openai_error(answer, 400)["message"]
     body["sampling_params"]["max_tokens"] = 1021
     assert http.post(f"/s/{sid}/inference/v1/generate", json=body).status_code == 200
     assert server.requests[-1].sampling_params["max_tokens"] == 1021
