@@ -114,17 +114,17 @@ def test_the_demo_command_comes_from_its_plugin_with_every_flag(capsys):
 
 
 def test_the_demo_flags_set_the_demo_settings(monkeypatch, tmp_path, capsys):
-    import arctic_rl_demo.main
+    import arctic_rl_demo.runner
 
     seen = {}
 
-    def fake_run_demo(settings):
+    def fake_run_demo(task, settings):
         seen["settings"] = settings
         summary = dict.fromkeys(("heldout_exact_after_sft", "heldout_exact_final"), 0.5)
         summary.update(heldout_gain_from_rl=0.0, rl_steps_per_second=1.0, total_seconds=60.0)
         return {**summary, "heldout_size": 128, "mode": "async", "weights": "all weights"}
 
-    monkeypatch.setattr(arctic_rl_demo.main, "run_demo", fake_run_demo)
+    monkeypatch.setattr(arctic_rl_demo.runner, "run_task", fake_run_demo)
     argv = ["demo", "--steps", "7", "--sft-steps", "3", "--eval-every", "0", "--async"]
     argv += ["--max-staleness", "2", "--prompts-per-step", "5", "--samples-per-prompt", "6"]
     argv += ["--model-size", "small", "--transport", "ray", "--colocate", "--seed", "9"]

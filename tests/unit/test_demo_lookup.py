@@ -8,10 +8,15 @@ import random
 
 import pytest
 
-from arctic_rl_demo.lookup_agent import EpisodeResult
-from arctic_rl_demo.lookup_grpo import grpo_batch
-from arctic_rl_demo.lookup_sft import demonstration_pieces, demonstration_row, prompt_ids, sft_batch
-from arctic_rl_demo.lookup_task import Episode, LookupTask, tool_schema
+from arctic_rl_demo.tasks.lookup.agent import EpisodeResult
+from arctic_rl_demo.tasks.lookup.grpo import grpo_batch
+from arctic_rl_demo.tasks.lookup.sft import (
+    demonstration_pieces,
+    demonstration_row,
+    prompt_ids,
+    sft_batch,
+)
+from arctic_rl_demo.tasks.lookup.task import Episode, LookupTask, tool_schema
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,7 @@ def test_tool_schema_is_what_openai_agents_sends():
     agents = pytest.importorskip("agents")
     from agents.models.chatcmpl_converter import Converter
 
-    from arctic_rl_demo.lookup_agent import lookup_tool
+    from arctic_rl_demo.tasks.lookup.agent import lookup_tool
 
     calls: list[str] = []
     tool = lookup_tool(Episode("4821", "7310"), calls)
@@ -91,7 +96,7 @@ def test_the_tool_answers_only_the_episodes_key():
     pytest.importorskip("agents")
     from agents.tool_context import ToolContext
 
-    from arctic_rl_demo.lookup_agent import UNKNOWN_KEY, lookup_tool
+    from arctic_rl_demo.tasks.lookup.agent import UNKNOWN_KEY, lookup_tool
 
     calls: list[str] = []
     tool = lookup_tool(Episode("4821", "7310"), calls)
@@ -143,18 +148,18 @@ def test_grpo_batch_attaches_group_advantages_and_skips_groups_without_signal():
 
 
 def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys):
-    import arctic_rl_demo.lookup_main
+    import arctic_rl_demo.runner
     from arctic_platform.rl.cli import main
 
     seen = {}
 
-    def fake_run(settings):
+    def fake_run(task, settings):
         seen["settings"] = settings
         keys = ("before_sft", "after_sft", "final")
         summary = {f"heldout_success_{k}": 0.5 for k in keys}
         return {**summary, "heldout_size": 64, "heldout_gain_from_rl": 0.0, "total_seconds": 60.0}
 
-    monkeypatch.setattr(arctic_rl_demo.lookup_main, "run_lookup_demo", fake_run)
+    monkeypatch.setattr(arctic_rl_demo.runner, "run_task", fake_run)
     argv = ["demo", "--task", "lookup", "--steps", "7", "--sft-steps", "3", "--eval-every", "2"]
     argv += ["--prompts-per-step", "5", "--samples-per-prompt", "6", "--lr", "0.5"]
     argv += ["--sft-lr", "0.25", "--seed", "9", "--quiet", "--output-dir", str(tmp_path)]

@@ -49,9 +49,10 @@ def test_both_demo_plots_have_a_mismatch_panel(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from arctic_rl_demo import lookup_report, report
-    from arctic_rl_demo.lookup_run import LookupSettings
-    from arctic_rl_demo.run import DemoSettings
+    from arctic_rl_demo.tasks.lookup import report as lookup_report
+    from arctic_rl_demo.tasks.lookup.settings import LookupSettings
+    from arctic_rl_demo.tasks.reverse import report
+    from arctic_rl_demo.tasks.reverse.settings import DemoSettings
 
     drawn = []
     real = plt.Figure.savefig

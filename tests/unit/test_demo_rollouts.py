@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
-from arctic_rl_demo.task import ReverseDigitsTask
+from arctic_rl_demo.tasks.reverse.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
+from arctic_rl_demo.tasks.reverse.task import ReverseDigitsTask
 
 
 class CharTokenizer:

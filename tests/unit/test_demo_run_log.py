@@ -7,9 +7,9 @@ import json
 import pytest
 
 from arctic_platform.rl.errors import UnknownPluginError
-from arctic_rl_demo.lookup_run import LookupSettings
-from arctic_rl_demo.run import DemoSettings
 from arctic_rl_demo.run_log import RunLog, tracker_step
+from arctic_rl_demo.tasks.lookup.settings import LookupSettings
+from arctic_rl_demo.tasks.reverse.settings import DemoSettings
 
 
 def _records(warm: int, steps: int, eval_every: int) -> list[dict]:

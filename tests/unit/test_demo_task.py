@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from arctic_rl_demo.task import ReverseDigitsTask, group_advantages
+from arctic_rl_demo.tasks.reverse.task import ReverseDigitsTask, group_advantages
 
 
 def test_the_answer_is_the_digits_reversed():
@@ -67,7 +67,8 @@ def test_group_advantages_reject_a_ragged_split():
 
 def test_the_demos_correction_choices_are_none_and_every_preset_of_the_losses():
     from arctic_platform.rl.rollout_correction import PRESETS
-    from arctic_rl_demo.task import CORRECTION_CHOICES, mismatch_record
+    from arctic_rl_demo.mismatch import mismatch_record
+    from arctic_rl_demo.settings import CORRECTION_CHOICES
 
     assert CORRECTION_CHOICES[0] == "none"
     assert sorted(CORRECTION_CHOICES[1:]) == sorted(PRESETS)

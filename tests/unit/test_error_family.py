@@ -66,24 +66,29 @@ PLUGIN_RAISES = {
     "vLLM worker; the engine turns a failed worker call into EngineError (vllm_common)",
     ("transports/arctic_rl_tinker/losses.py", "NotImplementedError"): "an abstract method "
     "every Tinker loss overrides",
-    ("demo/arctic_rl_demo/run.py", "ValueError"): "the demo application's own settings, "
-    "checked by its command before it starts",
-    ("demo/arctic_rl_demo/task.py", "ValueError"): "the demo application's own task "
+    ("demo/arctic_rl_demo/settings.py", "ValueError"): "the demo application's own settings "
+    "(those every task shares), checked by its command before it starts",
+    ("demo/arctic_rl_demo/heldout.py", "ValueError"): "the demo application's own task "
+    "settings (key length, held-out size), checked before it starts",
+    ("demo/arctic_rl_demo/tasks/reverse/settings.py", "ValueError"): "the demo application's "
+    "own settings, checked by its command before it starts",
+    ("demo/arctic_rl_demo/tasks/reverse/settings.py", "SystemExit"): "the demo command "
+    "refusing a flag the reverse task does not take: it ends the command line, nothing "
+    "catches it",
+    ("demo/arctic_rl_demo/tasks/reverse/task.py", "ValueError"): "the demo application's own "
+    "task settings, checked before it starts",
+    ("demo/arctic_rl_demo/tasks/lookup/settings.py", "SystemExit"): "the demo command refusing "
+    "flags the lookup task does not take: it ends the command line, nothing catches it",
+    ("demo/arctic_rl_demo/tasks/lookup/agent.py", "ValueError"): "the lookup demo's own check "
+    "of its session handle (a client raising to itself)",
+    ("demo/arctic_rl_demo/tasks/lookup/grpo.py", "ValueError"): "the lookup demo's own check "
+    "of the rows it built (a client raising to itself)",
+    ("demo/arctic_rl_demo/tasks/lookup/settings.py", "ValueError"): "the lookup demo's own "
     "settings, checked before it starts",
-    ("demo/arctic_rl_demo/command.py", "SystemExit"): "the demo command refusing flags the "
-    "lookup task does not take: it ends the command line, nothing catches it",
-    ("demo/arctic_rl_demo/lookup_agent.py", "ValueError"): "the lookup demo's own check of "
-    "its session handle (a client raising to itself)",
-    ("demo/arctic_rl_demo/lookup_grpo.py", "ValueError"): "the lookup demo's own check of "
-    "the rows it built (a client raising to itself)",
-    ("demo/arctic_rl_demo/lookup_run.py", "ValueError"): "the lookup demo's own settings, "
-    "checked before it starts",
-    ("demo/arctic_rl_demo/lookup_run.py", "RuntimeError"): "the lookup demo's own check that "
-    "a session's prompt matches its demonstrations (a client raising to itself)",
-    ("demo/arctic_rl_demo/lookup_sft.py", "ValueError"): "the lookup demo's own check of its "
-    "demonstrations' rendering",
-    ("demo/arctic_rl_demo/lookup_task.py", "ValueError"): "the lookup demo's own task "
-    "settings, checked before it starts",
+    ("demo/arctic_rl_demo/tasks/lookup/run.py", "RuntimeError"): "the lookup demo's own check "
+    "that a session's prompt matches its demonstrations (a client raising to itself)",
+    ("demo/arctic_rl_demo/tasks/lookup/sft.py", "ValueError"): "the lookup demo's own check of "
+    "its demonstrations' rendering",
 }
 CORE_RAISES = {
     ("arctic_platform/rl/observe/deferred_metrics.py", "ValueError"): "ray.util.metrics' own "

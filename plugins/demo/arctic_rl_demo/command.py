@@ -1,28 +1,29 @@
-"""The ``arctic-rl demo`` command: its arguments and its action (the plugin registers both)."""
+"""The ``arctic-rl demo`` command: its arguments and its action (the plugin registers both).
+
+``--task`` picks one of ``tasks.TASKS``; the task's settings read the flags (refusing those
+it does not take) and the one loop (``runner.run_task``) runs it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from pathlib import Path
+
+from arctic_rl_demo.tasks import TASKS
+from arctic_rl_demo.tasks.reverse.settings import LORA_SFT_STEPS
 
 SUMMARY = "SFT warm start then GRPO on a digit-reversal task, tiny model, on CPU"
-LORA_SFT_STEPS = 95
-"""Warm-start steps with ``--lora`` unless ``--sft-steps`` says otherwise: an adapter learns the
-task's format more slowly than all the weights at the same learning rate (rank 32, seed 0:
-held-out 0.102 after 80 steps, 0.383 after 95, 1.000 after 120; a 3x GRPO learning rate
-collapsed it to 0.000, so the rates stay those of full fine-tuning)."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add the demo's options; each ``dest`` is the ``DemoSettings`` field it sets."""
+    """Add the demo's options; each ``dest`` is the field of the task's settings it sets (see
+    ``LoopSettings.from_flags``)."""
     add = parser.add_argument
     add(
         "--task",
-        choices=["reverse", "lookup"],
-        default="reverse",
-        help="reverse: digit reversal (default); lookup: an openai-agents agent that must call "
-        "a lookup(key) tool and answer with its value (defaults in brackets are lookup's)",
+        choices=list(TASKS),
+        default=next(iter(TASKS)),
+        help="; ".join(f"{name}: {about}" for name, about in TASKS.items())
+        + " (defaults in brackets are lookup's)",
     )
     add("--steps", type=int, help="GRPO steps (default 80 [30])")
     add(
@@ -108,51 +109,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the demo with the parsed options and print its one-line result."""
-    if args.task == "lookup":
-        return run_lookup_command(args)
-    if args.sft_short_steps is not None:
-        raise SystemExit("--sft-short-steps is the lookup task's (--task lookup)")
-    from arctic_rl_demo.main import run_demo
-    from arctic_rl_demo.run import DemoSettings
+    """Run the ``--task`` task with the parsed options and print its one-line result."""
+    from arctic_rl_demo import runner
+    from arctic_rl_demo.tasks import load_task
 
-    fields = {f.name for f in dataclasses.fields(DemoSettings)}
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    if "output_dir" in given:
-        given["output_dir"] = Path(given["output_dir"])
-    if given.get("lora_rank") is not None and "sft_steps" not in given:
-        given["sft_steps"] = LORA_SFT_STEPS
-    settings = DemoSettings(**given)
-    summary = run_demo(settings)
-    print(
-        f"held-out exact match ({summary['heldout_size']} prompts, greedy): after SFT "
-        f"{summary['heldout_exact_after_sft']:.3f}, final {summary['heldout_exact_final']:.3f} "
-        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['mode']}, "
-        f"{summary['weights']}, "
-        f"{summary['rl_steps_per_second']:.2f} RL steps/s, {summary['total_seconds'] / 60:.1f} "
-        f"min; plot: {settings.output_dir / 'reward.png'}"
-    )
-    return 0
-
-
-def run_lookup_command(args: argparse.Namespace) -> int:
-    """Run the lookup agent demo (``--task lookup``) and print its one-line result."""
-    from arctic_rl_demo.lookup_main import run_lookup_demo
-    from arctic_rl_demo.lookup_run import LookupSettings
-
-    if args.async_mode or args.lora_rank is not None or args.kl_coef or args.reward:
-        raise SystemExit("--task lookup takes no --async, --lora, --kl-coef or --reward")
-    fields = {f.name for f in dataclasses.fields(LookupSettings)}
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    if "output_dir" in given:
-        given["output_dir"] = Path(given["output_dir"])
-    settings = LookupSettings(**given)
-    summary = run_lookup_demo(settings)
-    print(
-        f"held-out success ({summary['heldout_size']} keys, greedy, openai-agents): before SFT "
-        f"{summary['heldout_success_before_sft']:.3f}, after SFT "
-        f"{summary['heldout_success_after_sft']:.3f}, final {summary['heldout_success_final']:.3f} "
-        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['total_seconds'] / 60:.1f} "
-        f"min; plot: {settings.output_dir / 'reward.png'}"
-    )
+    task = load_task(args.task)
+    settings = task.settings.from_flags(vars(args))
+    summary = runner.run_task(task, settings)
+    print(task.report.headline(summary, settings))
     return 0

@@ -1,10 +1,26 @@
-"""The demos' view of the sampler/trainer mismatch of their GRPO steps: a plot panel (k3 and
-the ratio's range, under the reward curves) and the summary's figures."""
+"""The demos' view of the sampler/trainer mismatch of their GRPO steps: each step's figures for
+the metrics file, a plot panel (k3 and the ratio's range, under the reward curves) and the
+summary's figures."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+
+def mismatch_record(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """A GRPO step's sampler/trainer mismatch for the metrics file (None: not measured)."""
+    names = {
+        "mismatch_k1": "mismatch_k1",
+        "mismatch_k3": "mismatch_k3",
+        "mismatch_ratio_min": "mismatch_ratio.min",
+        "mismatch_ratio_max": "mismatch_ratio.max",
+        "rollout_is_ess": "rollout_is_ess",
+    }
+    return {
+        key: (float(metrics[name]) if metrics.get(name) is not None else None)
+        for key, name in names.items()
+    }
 
 
 def _largest_log_ratio(record: dict[str, Any]) -> float | None:

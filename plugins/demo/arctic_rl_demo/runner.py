@@ -3,9 +3,10 @@ the public ``AsyncArcticRLClient``, score the held-out set, warm start, GRPO, sc
 then the report (``summary.json``, ``summary.md``, ``reward.png``; ``metrics.jsonl`` and the
 trackers are written as the run goes).
 
-A task is a ``DemoTask``: how to build its model, its run (the phases: ``evaluate``,
-``warm_start``, ``rl``, ``aclose``) and its report. ``main`` (digit reversal) and
-``lookup_main`` (the tool-calling agent) are the two.
+A task is a ``DemoTask``: its settings, how to make its run (the phases: ``evaluate``,
+``warm_start``, ``rl``, ``aclose``; ``task_run.TaskRun`` is their common base) and its report.
+Each lives in its own folder under ``tasks`` (``reverse``: digit reversal; ``lookup``: the
+tool-calling agent), which exposes it as ``TASK``; ``tasks.TASKS`` names them.
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 class DemoTask:
     """What the loop needs of one task.
 
-    ``make_run(settings, client, tokenizer, out_dir)`` returns the run, whose coroutines
-    ``evaluate(rl_step)``, ``warm_start(bar)``, ``rl(bar)`` and ``aclose()`` are the phases;
-    ``report`` has ``summarize(run, before, after_sft, final, seconds)``, ``plot(records,
-    settings, path)`` and ``summary_table(summary)``.
+    ``settings`` is its settings class (a ``LoopSettings``: ``from_flags`` reads the command's
+    flags, ``warm_steps`` counts the warm start); ``make_run(settings, client, tokenizer,
+    out_dir)`` returns the run, whose coroutines ``evaluate(rl_step)``, ``warm_start(bar)``,
+    ``rl(bar)`` and ``aclose()`` are the phases; ``report`` has ``summarize(run, before,
+    after_sft, final, seconds)``, ``plot(records, settings, path)``, ``summary_table(summary)``
+    and ``headline(summary, settings)`` (the command's one-line result).
     """
 
     name: str
+    settings: type
     make_run: Callable[..., Any]
     report: Any
-    warm_steps: Callable[[Any], int]
     rl_label: Callable[[Any], str]
     chat_format: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -123,9 +126,7 @@ async def _run(task: DemoTask, settings: Any) -> dict[str, Any]:
     try:
         t0 = time.monotonic()
         before = await run.evaluate(-1)
-        with tqdm(
-            total=task.warm_steps(s), desc="SFT (demos)", file=sys.stderr, disable=s.quiet
-        ) as bar:
+        with tqdm(total=s.warm_steps, desc="SFT (demos)", file=sys.stderr, disable=s.quiet) as bar:
             await run.warm_start(bar)
         after_sft = await run.evaluate(0)
         run.last_eval = after_sft

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from arctic_rl_demo.heldout import HeldOutDigits
+
 TOOL_NAME = "lookup"
 TOOL_DESCRIPTION = "Look up the value stored under a key."
 INSTRUCTIONS = "Call lookup with the key, then answer with the value it returns."
@@ -34,46 +36,24 @@ class Episode:
 
 
 @dataclass(frozen=True)
-class LookupTask:
+class LookupTask(HeldOutDigits):
     """Keys and values of ``digits`` digits; ``heldout_size`` fixed held-out episodes."""
 
-    digits: int = 4
     heldout_size: int = 64
     heldout_seed: int = 54321
 
-    def __post_init__(self) -> None:
-        if self.digits < 2:
-            raise ValueError(f"digits must be at least 2, got {self.digits}")
-        if not 0 < self.heldout_size <= 10**self.digits // 4:
-            raise ValueError(
-                f"heldout_size={self.heldout_size} must be in [1, {10**self.digits // 4}] "
-                f"for {self.digits}-digit keys (at most a quarter of them)"
-            )
-
-    def _draw(self, rng: random.Random) -> str:
-        return "".join(rng.choice("0123456789") for _ in range(self.digits))
+    def heldout_pair(self, rng: random.Random) -> tuple[str, str]:
+        """A held-out key and its value, each drawn."""
+        return self.draw(rng), self.draw(rng)
 
     @cached_property
     def heldout(self) -> list[Episode]:
         """The fixed held-out episodes: distinct keys, fixed values, a stable order."""
-        rng = random.Random(self.heldout_seed)
-        seen: dict[str, str] = {}
-        while len(seen) < self.heldout_size:
-            seen.setdefault(self._draw(rng), self._draw(rng))
-        return [Episode(k, v) for k, v in seen.items()]
-
-    @cached_property
-    def _heldout_keys(self) -> frozenset[str]:
-        return frozenset(e.key for e in self.heldout)
+        return [Episode(k, v) for k, v in self.heldout_answers.items()]
 
     def episodes(self, count: int, rng: random.Random) -> list[Episode]:
         """``count`` training episodes; never a held-out key."""
-        out: list[Episode] = []
-        while len(out) < count:
-            key = self._draw(rng)
-            if key not in self._heldout_keys:
-                out.append(Episode(key, self._draw(rng)))
-        return out
+        return self.training(count, rng, lambda key: Episode(key, self.draw(rng)))
 
     @staticmethod
     def reward(final_output: Any, value: str) -> float:

@@ -1,121 +1,50 @@
-"""One demo run: its settings (``DemoSettings``) and its state and phases (``DemoRun``).
+"""One reverse-task run's state and phases (``DemoRun``).
 
 ``DemoRun`` drives the public ``AsyncArcticRLClient``: the supervised warm start, held-out
 evaluations, rollouts, and one GRPO update a step (the synchronous loop is ``rl_sync``; the
-``--async`` one is ``arctic_rl_demo.async_loop``). Every record goes to ``metrics.jsonl``.
+``--async`` one is ``async_loop``). Every record goes to ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arctic_rl_demo.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
-from arctic_rl_demo.run_log import RunLog, check_report_to
-from arctic_rl_demo.runner import MODEL_SIZES
-from arctic_rl_demo.task import (
-    CORRECTION_CHOICES,
-    REWARD_CHOICES,
-    ReverseDigitsTask,
-    mismatch_record,
-)
+from arctic_rl_demo.mismatch import mismatch_record
+from arctic_rl_demo.task_run import TaskRun
+from arctic_rl_demo.tasks.reverse.rollouts import Rollout, exact_fraction, grpo_batch, sft_batch
+from arctic_rl_demo.tasks.reverse.settings import DemoSettings
+from arctic_rl_demo.tasks.reverse.task import ReverseDigitsTask
 
 
-@dataclass
-class DemoSettings:
-    """What one demo run does (``steps`` counts RL steps; the warm start has its own)."""
+class DemoRun(TaskRun):
+    """One reverse-task run: the shared state, the task, weight versions and overlap windows."""
 
-    steps: int = 80
-    sft_steps: int = 40
-    sft_batch_size: int = 32
-    sft_learning_rate: float = 2e-3
-    prompts_per_step: int = 16
-    samples_per_prompt: int = 16
-    max_tokens: int = 8
-    learning_rate: float = 1e-3
-    kl_coef: float = 0.0
-    correction: str = "bypass"  # a rollout-correction preset, or "none"
-    reward: str = "exact"  # GRPO's reward: exact match, or "digits" (the share in place)
-    eval_every: int = 10
-    digits: int = 4
-    heldout_size: int = 128
-    async_mode: bool = False
-    max_staleness: int = 1
-    model_size: str = "tiny"
-    transport: str = "http"
-    colocate: bool = False
-    output_dir: Path = field(
-        default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    )
-    seed: int = 0
-    quiet: bool = False
-    lora_rank: int | None = None  # train a LoRA adapter of this rank instead of every weight
-    report_to: tuple[str, ...] = ()  # experiment trackers (--report-to), beside metrics.jsonl
-
-    def __post_init__(self) -> None:
-        self.report_to = check_report_to(self.report_to)
-        if self.steps < 1 or self.sft_steps < 0:
-            raise ValueError(f"steps={self.steps} must be >= 1 and sft_steps >= 0")
-        if self.lora_rank is not None and self.lora_rank < 1:
-            raise ValueError(f"lora_rank={self.lora_rank} must be >= 1")
-        if self.async_mode and self.max_staleness < 1:
-            raise ValueError(
-                f"max_staleness={self.max_staleness}: the async pipeline needs at least 1 "
-                "(0 is the synchronous loop: leave out --async)"
-            )
-        if self.model_size not in MODEL_SIZES:
-            raise ValueError(f"model_size {self.model_size!r} is not one of {list(MODEL_SIZES)}")
-        if self.correction not in CORRECTION_CHOICES:
-            raise ValueError(
-                f"correction {self.correction!r} is not one of {list(CORRECTION_CHOICES)}"
-            )
-        if self.reward not in REWARD_CHOICES:
-            raise ValueError(f"reward {self.reward!r} is not one of {list(REWARD_CHOICES)}")
-
-
-class DemoRun:
-    """One demo run's state: client, task, tokenizer, RNG, metrics file and counters."""
+    settings: DemoSettings
 
     def __init__(self, settings: DemoSettings, client: Any, tokenizer: Any, out: Path) -> None:
-        self.settings = settings
-        self.client = client
-        self.tokenizer = tokenizer
         self.task = ReverseDigitsTask(
             digits=settings.digits,
             heldout_size=settings.heldout_size,
             train_reward_kind=settings.reward,
         )
-        self.rng = random.Random(settings.seed)
-        self.run_log = RunLog(out, settings, settings.report_to, settings.sft_steps)
-        self.records = self.run_log.records
+        super().__init__(settings, client, tokenizer, out)
         self.weight_version = 0
-        self.last_eval = 0.0
         self.dropped_stale = 0
         self.train_windows: list[tuple[float, float]] = []
-        self.sft_checkpoint: str | None = None
         self.heldout_prompt_ids = [self.encode(p) for p, _ in self.task.heldout]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a prompt (the same ids go to ``generate`` and into the batches)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def log(self, record: dict[str, Any]) -> dict[str, Any]:
-        """One record to ``metrics.jsonl``, the in-memory history and the trackers."""
-        return self.run_log.write(record)
-
     # --- phases ---------------------------------------------------------------------------
-
-    async def aclose(self) -> None:
-        """Close the run's log (metrics file and trackers)."""
-        self.run_log.close()
 
     async def rl(self, bar: Any) -> None:
         """The GRPO phase: the synchronous loop, or the ``--async`` pipeline."""
         if self.settings.async_mode:
-            from arctic_rl_demo.async_loop import rl_async
+            from arctic_rl_demo.tasks.reverse.async_loop import rl_async
 
             await rl_async(self, bar)
         else:
@@ -127,23 +56,10 @@ class DemoRun:
         for i in range(s.sft_steps):
             t0 = time.monotonic()
             pairs = self.task.prompts(s.sft_batch_size, self.rng)
-            batch = sft_batch(self.task, pairs, self.tokenizer)
-            metrics = await self.client.fwd_bwd(batch, "cross_entropy")
-            stepped = await self.client.step(learning_rate=s.sft_learning_rate)
-            self.log(
-                {
-                    "phase": "sft",
-                    "step": i,
-                    "loss": float(metrics.get("loss", 0.0)),
-                    "grad_norm": stepped.get("grad_norm"),
-                    "seconds": time.monotonic() - t0,
-                }
-            )
+            await self.sft_step(i, sft_batch(self.task, pairs, self.tokenizer), t0)
             if bar is not None:
                 bar.update(1)
-        self.sft_checkpoint = await self.client.save_checkpoint(tag="sft")
-        synced = await self.client.sync_weights()
-        self.weight_version = int(synced["weight_version"])
+        self.weight_version = await self.save_warm_start()
 
     async def evaluate(self, rl_step: int) -> float:
         """Greedy exact match on the held-out prompts with the served weights; logged."""
@@ -202,9 +118,7 @@ class DemoRun:
 
         started = time.monotonic()
         batch = grpo_batch(rollout, s.samples_per_prompt)
-        loss_config: dict[str, Any] = {"kl_estimator": "k3"}
-        if s.correction != "none":
-            loss_config["rollout_correction"] = s.correction
+        loss_config = self.loss_config()
         if s.kl_coef > 0:
             batch["ref_log_probs"] = await timed(
                 "ref_log_probs",
@@ -269,18 +183,7 @@ class DemoRun:
 
     async def after_step(self, record: dict[str, Any], timings: dict[str, float], bar: Any) -> None:
         """Log a step, run a held-out evaluation when due, update the progress bar."""
-        s = self.settings
         record["seconds"] = timings
-        step = record["step"]
         self.log(record)
-        if s.eval_every and (step + 1) % s.eval_every == 0 and step + 1 < s.steps:
-            self.last_eval = await self.evaluate(step + 1)
-        bar.update(1)
-        postfix = {
-            "reward": f"{record['reward_mean']:.2f}",
-            "heldout": f"{self.last_eval:.2f}",
-            "step_s": f"{timings['total']:.2f}",
-        }
-        if s.async_mode:
-            postfix["stale"] = str(record["staleness"])
-        bar.set_postfix(postfix)
+        stale = {"stale": str(record["staleness"])} if self.settings.async_mode else {}
+        await self.end_step(record, bar, **stale)

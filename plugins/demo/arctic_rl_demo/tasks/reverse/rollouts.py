@@ -1,4 +1,5 @@
-"""The demo's data, built on the client side: demonstrations, rollouts, GRPO batches, scores.
+"""The reverse task's data, built on the client side: demonstrations, rollouts, GRPO batches,
+scores.
 
 Everything here is pure Python over what the public client returns, so the sync and the
 ``--async`` loops share it and unit tests cover it without engines.
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from arctic_platform.rl.api import group_advantages, rollout_batch
-from arctic_rl_demo.task import ReverseDigitsTask
+from arctic_rl_demo.tasks.reverse.task import ReverseDigitsTask
 
 
 class Tokenizer(Protocol):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from arctic_rl_demo.lookup_task import Episode, demonstration_messages, tool_schema
+from arctic_rl_demo.tasks.lookup.task import Episode, demonstration_messages, tool_schema
 
 
 class ChatTemplateTokenizer(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from arctic_platform.rl.api import group_advantages
-from arctic_rl_demo.lookup_agent import EpisodeResult
+from arctic_rl_demo.tasks.lookup.agent import EpisodeResult
 
 FIELDS = ("input_ids", "loss_mask", "rollout_log_probs")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arctic_rl_demo.lookup_task import INSTRUCTIONS, TOOL_DESCRIPTION, Episode, LookupTask
+from arctic_rl_demo.tasks.lookup.task import INSTRUCTIONS, TOOL_DESCRIPTION, Episode, LookupTask
 
 SESSION_TTL_SECONDS = 900.0
 HTTP_TIMEOUT_SECONDS = 600.0

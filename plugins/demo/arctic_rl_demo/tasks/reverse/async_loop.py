@@ -16,8 +16,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from arctic_rl_demo.rollouts import Rollout
-    from arctic_rl_demo.run import DemoRun
+    from arctic_rl_demo.tasks.reverse.rollouts import Rollout
+    from arctic_rl_demo.tasks.reverse.run import DemoRun
 
 
 async def rl_async(run: DemoRun, bar: Any) -> None:

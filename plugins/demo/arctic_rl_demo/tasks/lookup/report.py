@@ -1,15 +1,15 @@
-"""The lookup demo's report: ``summary.json``, its table (``summary.md``) and ``reward.png``
-(matplotlib imported when drawn)."""
+"""The lookup task's report: ``summary.json``, its table (``summary.md``), ``reward.png``
+(matplotlib imported when drawn) and the command's one-line result."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from arctic_rl_demo.lookup_run import LookupRun, LookupSettings
-from arctic_rl_demo.mismatch import draw_mismatch, mismatch_summary
-from arctic_rl_demo.report_parts import phase_seconds, reward_figure, timing_rows
+from arctic_rl_demo import report_parts
+from arctic_rl_demo.mismatch import draw_mismatch
+from arctic_rl_demo.tasks.lookup.run import LookupRun
+from arctic_rl_demo.tasks.lookup.settings import LookupSettings
 
 
 def summarize(
@@ -17,13 +17,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The run's summary: held-out success, train rewards, errors and timings, settings."""
     s = run.settings
-    rl = [r for r in run.records if r["phase"] == "rl"]
-    evals = [r for r in run.records if r["phase"] == "eval"]
-    rewards = [r["reward_mean"] for r in rl]
-    k = min(5, len(rewards))
-    n = max(1, len(rl))
-    phases = phase_seconds(rl)
-    settings = {key: str(v) if isinstance(v, Path) else v for key, v in asdict(s).items()}
+    rl, evals = report_parts.split_phases(run.records)
     return {
         "task": "lookup",
         "sft_short_steps": s.sft_short_steps,
@@ -31,27 +25,25 @@ def summarize(
         "steps": len(rl),
         "episodes_per_step": s.prompts_per_step * s.samples_per_prompt,
         "heldout_size": len(run.task.heldout),
-        "heldout_success_before_sft": before,
-        "heldout_success_after_sft": after_sft,
-        "heldout_success_final": final,
-        "heldout_gain_from_rl": final - after_sft,
-        "heldout_curve": [[r["rl_step"], r["heldout_success"]] for r in evals if r["rl_step"] >= 0],
-        "heldout_key_right_curve": [
-            [r["rl_step"], r["heldout_key_right"]] for r in evals if r["rl_step"] >= 0
-        ],
-        "first5_reward": sum(rewards[:k]) / k if k else 0.0,
-        "last5_reward": sum(rewards[-k:]) / k if k else 0.0,
+        **report_parts.heldout_scores("success", before, after_sft, final),
+        "heldout_curve": report_parts.heldout_curve(evals, "heldout_success"),
+        "heldout_key_right_curve": report_parts.heldout_curve(evals, "heldout_key_right"),
+        **report_parts.reward_ends(rl, 5),
         "rollout_errors": sum(r["errors"] for r in rl),
-        **mismatch_summary(rl),
-        "sft_checkpoint": run.sft_checkpoint,
-        "setup_seconds": seconds["setup"],
-        "sft_seconds": seconds.get("sft", 0.0),
-        "rl_seconds": seconds.get("rl", 0.0),
-        "eval_seconds": sum(r["seconds"] for r in evals),
-        "total_seconds": seconds["total"],
-        "mean_step_seconds_by_phase": {name: sec / n for name, sec in phases.items()},
-        "settings": settings,
+        **report_parts.run_figures(run, seconds, rl, evals),
     }
+
+
+def headline(summary: dict[str, Any], settings: LookupSettings) -> str:
+    """The command's one-line result: held-out success before and after each phase, the time,
+    the plot's path."""
+    return (
+        f"held-out success ({summary['heldout_size']} keys, greedy, openai-agents): before SFT "
+        f"{summary['heldout_success_before_sft']:.3f}, after SFT "
+        f"{summary['heldout_success_after_sft']:.3f}, final {summary['heldout_success_final']:.3f} "
+        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['total_seconds'] / 60:.1f} "
+        f"min; plot: {settings.output_dir / 'reward.png'}"
+    )
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -70,7 +62,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"| train reward, first 5 GRPO steps | {summary['first5_reward']:.3f} |",
         f"| train reward, last 5 GRPO steps | {summary['last5_reward']:.3f} |",
         f"| rollouts that raised (reward 0) | {summary['rollout_errors']} |",
-        *timing_rows(summary, "RL phase (with its evaluations)", "GRPO step time"),
+        *report_parts.timing_rows(summary, "RL phase (with its evaluations)", "GRPO step time"),
     ]
     return "\n".join(lines) + "\n"
 
@@ -79,12 +71,11 @@ def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) ->
     """Train reward and held-out success over the GRPO steps (0: after the warm start; the
     success before it is in the legend), and the mismatch of each GRPO step under them,
     saved at ``path``."""
-    rl = [r for r in records if r["phase"] == "rl"]
-    evals = [r for r in records if r["phase"] == "eval"]
+    rl, evals = report_parts.split_phases(records)
     before = [r["heldout_success"] for r in evals if r["rl_step"] < 0]
     after = [r for r in evals if r["rl_step"] >= 0]
     xs = [r["rl_step"] for r in after]
-    with reward_figure(path, "success") as (ax, low):
+    with report_parts.reward_figure(path, "success") as (ax, low):
         ax.plot(
             [r["step"] + 1 for r in rl],
             [r["reward_mean"] for r in rl],
@@ -101,9 +92,8 @@ def plot(records: list[dict[str, Any]], settings: LookupSettings, path: Path) ->
         ax.plot(
             xs, [r["heldout_key_right"] for r in after], "x--", label="held-out: right key called"
         )
-        warm = settings.sft_short_steps + settings.sft_steps
         draw_mismatch(low, [r["step"] + 1 for r in rl], rl)
-        low.set_xlabel(f"GRPO step (0: after {warm} warm-start steps)")
+        low.set_xlabel(f"GRPO step (0: after {settings.warm_steps} warm-start steps)")
         ax.set_title(
             f"Arctic RL demo: lookup agent (openai-agents), {settings.model_size} model, CPU",
             pad=10,

@@ -1,15 +1,15 @@
-"""The demo's report: the run summary (``summary.json``), its table (``summary.md``) and the
-reward plot (``reward.png``, matplotlib imported when drawn)."""
+"""The reverse task's report: the run summary (``summary.json``), its table (``summary.md``), the
+reward plot (``reward.png``, matplotlib imported when drawn) and the command's one-line result."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from arctic_rl_demo.mismatch import draw_mismatch, mismatch_summary
-from arctic_rl_demo.report_parts import phase_seconds, reward_figure, timing_rows
-from arctic_rl_demo.run import DemoRun, DemoSettings
+from arctic_rl_demo import report_parts
+from arctic_rl_demo.mismatch import draw_mismatch
+from arctic_rl_demo.tasks.reverse.run import DemoRun
+from arctic_rl_demo.tasks.reverse.settings import DemoSettings
 
 
 def summarize(
@@ -17,15 +17,9 @@ def summarize(
 ) -> dict[str, Any]:
     """The run's summary: held-out scores, rewards, staleness, overlap, timings, settings."""
     s = run.settings
-    rl = [r for r in run.records if r["phase"] == "rl"]
-    evals = [r for r in run.records if r["phase"] == "eval"]
-    rewards = [r["reward_mean"] for r in rl]
-    k = min(10, len(rewards))
-    phases = phase_seconds(rl)
-    rl_step_seconds = phases.get("total", 0.0)
+    rl, evals = report_parts.split_phases(run.records)
     n = max(1, len(rl))
     staleness = [r["staleness"] for r in rl]
-    settings = {key: str(v) if isinstance(v, Path) else v for key, v in asdict(s).items()}
     return {
         "mode": "async" if s.async_mode else "sync",
         "weights": weights_trained(s),
@@ -34,13 +28,9 @@ def summarize(
         "sft_steps": s.sft_steps,
         "steps": len(rl),
         "heldout_size": len(run.task.heldout),
-        "heldout_exact_before_sft": before,
-        "heldout_exact_after_sft": after_sft,
-        "heldout_exact_final": final,
-        "heldout_gain_from_rl": final - after_sft,
-        "heldout_curve": [[r["rl_step"], r["heldout_exact"]] for r in evals if r["rl_step"] >= 0],
-        "first10_reward": sum(rewards[:k]) / k if k else 0.0,
-        "last10_reward": sum(rewards[-k:]) / k if k else 0.0,
+        **report_parts.heldout_scores("exact", before, after_sft, final),
+        "heldout_curve": report_parts.heldout_curve(evals, "heldout_exact"),
+        **report_parts.reward_ends(rl, 10),
         "staleness_max": max(staleness, default=0),
         "staleness_mean": sum(staleness) / n,
         "dropped_stale_rollouts": run.dropped_stale,
@@ -50,18 +40,20 @@ def summarize(
         "generation_overlap_seconds": sum(r["generation_overlap_seconds"] for r in rl),
         "rollouts_overlapping_training": sum(1 for r in rl if r["generation_overlap_seconds"] > 0),
         "mean_importance_ratio": sum(r["ratio"] for r in rl) / n,
-        **mismatch_summary(rl),
-        "sft_checkpoint": run.sft_checkpoint,
-        "setup_seconds": seconds["setup"],
-        "sft_seconds": seconds.get("sft", 0.0),
-        "rl_seconds": seconds.get("rl", 0.0),
-        "rl_step_seconds": rl_step_seconds,
-        "rl_steps_per_second": len(rl) / rl_step_seconds if rl_step_seconds > 0 else 0.0,
-        "eval_seconds": sum(r["seconds"] for r in evals),
-        "total_seconds": seconds["total"],
-        "mean_step_seconds_by_phase": {name: sec / n for name, sec in phases.items()},
-        "settings": settings,
+        **report_parts.run_figures(run, seconds, rl, evals, step_rate=True),
     }
+
+
+def headline(summary: dict[str, Any], settings: DemoSettings) -> str:
+    """The command's one-line result: held-out exact match, mode, speed, the plot's path."""
+    return (
+        f"held-out exact match ({summary['heldout_size']} prompts, greedy): after SFT "
+        f"{summary['heldout_exact_after_sft']:.3f}, final {summary['heldout_exact_final']:.3f} "
+        f"(RL adds {summary['heldout_gain_from_rl']:+.3f}); {summary['mode']}, "
+        f"{summary['weights']}, "
+        f"{summary['rl_steps_per_second']:.2f} RL steps/s, {summary['total_seconds'] / 60:.1f} "
+        f"min; plot: {settings.output_dir / 'reward.png'}"
+    )
 
 
 def weights_trained(settings: DemoSettings) -> str:
@@ -93,7 +85,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"| rollouts generated during an update (overlap) | "
         f"{summary['rollouts_overlapping_training']} "
         f"({summary['generation_overlap_seconds']:.1f} s) |",
-        *timing_rows(summary, "RL phase", "RL step time"),
+        *report_parts.timing_rows(summary, "RL phase", "RL step time"),
     ]
     return "\n".join(lines) + "\n"
 
@@ -102,9 +94,8 @@ def plot(records: list[dict[str, Any]], settings: DemoSettings, path: Path) -> N
     """Train reward and held-out exact match over the optimizer steps, and the mismatch of
     each GRPO step under them, saved at ``path``."""
     sft = settings.sft_steps
-    rl = [r for r in records if r["phase"] == "rl"]
-    evals = [r for r in records if r["phase"] == "eval"]
-    with reward_figure(path, "exact match") as (ax, low):
+    rl, evals = report_parts.split_phases(records)
+    with report_parts.reward_figure(path, "exact match") as (ax, low):
         ax.plot(
             [sft + r["step"] + 1 for r in rl],
             [r["reward_mean"] for r in rl],
