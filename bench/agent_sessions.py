@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.servers import loopback_config
 from bench.timing import Side, paired
 
 TURNS = 3
@@ -39,7 +40,6 @@ def run(turns: int = TURNS, repeats: int = 9, max_tokens: int = MAX_TOKENS) -> d
     import openai
 
     from arctic_platform.rl.client import ArcticRLClient
-    from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.testing import build_tiny_model, free_port
 
     root = Path(tempfile.mkdtemp(prefix="arctic-bench-agents-"))
@@ -50,16 +50,7 @@ def run(turns: int = TURNS, repeats: int = 9, max_tokens: int = MAX_TOKENS) -> d
             chat_format="chatml",
         )
     )
-    config = ArcticRLClientConfig(
-        model_name=model,
-        training_gpus=0,
-        sampling_gpus=1,
-        log_prob_gpus=0,
-        host="127.0.0.1",
-        port=free_port(),
-        ray_auto_attach=False,
-        server_logs=False,
-    )
+    config = loopback_config(model, free_port(), training_gpus=0, sampling_gpus=1, log_prob_gpus=0)
     questions = (QUESTIONS * turns)[:turns]
     params = {"max_tokens": max_tokens, "temperature": 1.0, "seed": SEED}
     client = ArcticRLClient(config, progress=False)

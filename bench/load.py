@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.servers import loopback_config
 from bench.timing import paired, timed
 
 HERE = Path(__file__).resolve().parent
@@ -220,19 +221,11 @@ def drive(
 def run(processes: int = 8, concurrency: int = 50, max_tokens: int = 8) -> dict[str, Any]:
     """Start a server with one sampling job on the tiny model, drive the load, shut down."""
     from arctic_platform.rl.client import ArcticRLClient
-    from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.testing import build_tiny_model, free_port
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))
     port = free_port()
-    config = ArcticRLClientConfig(
-        model_name=model,
-        sampling_gpus=1,
-        host="127.0.0.1",
-        port=port,
-        ray_auto_attach=False,
-        server_logs=False,
-    )
+    config = loopback_config(model, port, sampling_gpus=1)
     client = ArcticRLClient(config, progress=False)
     try:
         token = (Path(client.backend.run_dir) / "token").read_text().strip()  # type: ignore[attr-defined]

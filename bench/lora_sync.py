@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.servers import start_server, stop_server
+from bench.servers import loopback_config, start_server, stop_server
 from bench.timing import Side, paired
 
 SIZES: dict[str, dict[str, int]] = {
@@ -69,16 +69,13 @@ def run(size: str = "100m", rank: int = 16, repeats: int = 7) -> dict[str, Any]:
     )
 
     def config(lora: dict[str, Any] | None) -> ArcticRLClientConfig:
-        return ArcticRLClientConfig(
-            model_name=model,
+        return loopback_config(
+            model,
+            port,
             training_gpus=1,
             sampling_gpus=1,
             log_prob_gpus=0,
             colocate=False,
-            host="127.0.0.1",
-            port=port,
-            ray_auto_attach=False,
-            server_logs=False,
             training_config={"optimizer": {"lr": 1e-3}, **({"lora": lora} if lora else {})},
         )
 

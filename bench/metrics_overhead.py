@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.servers import start_server, stop_server
+from bench.servers import loopback_config, start_server, stop_server
 from bench.timing import paired
 
 BATCH = {
@@ -28,7 +28,6 @@ PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11]]
 
 def _server(root: Path, name: str, model: str, metrics: bool) -> tuple[Any, Any]:
     from arctic_platform.rl.client import ArcticRLClient
-    from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.testing import free_port
 
     port = free_port()
@@ -39,15 +38,12 @@ def _server(root: Path, name: str, model: str, metrics: bool) -> tuple[Any, Any]
     server = start_server(
         args, health_url=f"http://127.0.0.1:{port}/health", log=root / f"{name}.log"
     )
-    config = ArcticRLClientConfig(
-        model_name=model,
+    config = loopback_config(
+        model,
+        port,
         training_gpus=1,
         sampling_gpus=1,
         log_prob_gpus=0,
-        host="127.0.0.1",
-        port=port,
-        ray_auto_attach=False,
-        server_logs=False,
         training_config={"optimizer": {"lr": 1e-4}},
     )
     return server, ArcticRLClient(config, progress=False)

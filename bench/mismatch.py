@@ -302,14 +302,9 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--logit-std", type=float, default=5.0)
-    parser.add_argument("--lora", type=int, default=16, help="adapter rank (0: no LoRA pairs)")
-    args = parser.parse_args()
-    result = run(
-        prompts=args.prompts,
-        n=args.n,
-        max_tokens=args.max_tokens,
-        logit_std=args.logit_std,
-        lora_rank=args.lora,
+    parser.add_argument(
+        "--lora", dest="lora_rank", type=int, default=16, help="adapter rank (0: no LoRA pairs)"
     )
+    result = run(**vars(parser.parse_args()))
     print(json.dumps(result, indent=2))
     print(table(result))

@@ -13,6 +13,10 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from arctic_platform.rl.config import ArcticRLClientConfig
 
 
 def start_server(
@@ -65,3 +69,18 @@ def _tail(log: Path, chars: int = 3000) -> str:
         return log.read_text(errors="replace")[-chars:]
     except OSError:
         return f"(no log at {log})"
+
+
+def loopback_config(model: str, port: int, **fields: Any) -> ArcticRLClientConfig:
+    """The client config of a benchmark's own server on 127.0.0.1:``port`` (no Ray
+    auto-attach, no server log in the client's output), with ``fields`` added."""
+    from arctic_platform.rl.config import ArcticRLClientConfig
+
+    return ArcticRLClientConfig(
+        model_name=model,
+        host="127.0.0.1",
+        port=port,
+        ray_auto_attach=False,
+        server_logs=False,
+        **fields,
+    )

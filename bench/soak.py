@@ -748,19 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run shows the state dir's bound)",
     )
     args = parser.parse_args(argv)
-    report = run(
-        transport=args.transport,
-        steps=args.steps,
-        every=args.every,
-        prompts=args.prompts,
-        samples=args.samples,
-        max_tokens=args.max_tokens,
-        jobs=args.jobs,
-        lora=args.lora,
-        out=args.out,
-        seed=args.seed,
-        log_max_mb=args.log_max_mb,
-    )
+    report = run(**vars(args))
     print(describe(report))
     print(f"wrote {report['json']} and {report['png']}")
     return 0

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.servers import start_server, stop_server
+from bench.servers import loopback_config, start_server, stop_server
 from bench.timing import Laps, Paired, Side, cpu_counter, paired
 
 TOKEN = "tml-bench-key"
@@ -218,7 +218,6 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
     import tinker
 
     from arctic_platform.rl.client import ArcticRLClient
-    from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.testing import build_tiny_model, free_port
 
     root = Path(tempfile.mkdtemp(prefix="arctic-bench-tinker-"))
@@ -250,15 +249,12 @@ def run(prompts: int = 8, group: int = 4, max_tokens: int = 16, repeats: int = 9
             )
             return parts
 
-        config = ArcticRLClientConfig(
-            model_name=model,
+        config = loopback_config(
+            model,
+            free_port(),
             training_gpus=1,
             sampling_gpus=1,
             colocate=True,
-            host="127.0.0.1",
-            port=free_port(),
-            ray_auto_attach=False,
-            server_logs=False,
             training_config={"lora": {"rank": 8}},  # the same work: the SDK's model is rank 8
         )
         client = ArcticRLClient(config, progress=False)

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.servers import loopback_config
 from bench.timing import Side, paired
 
 
@@ -121,21 +122,12 @@ def run(
     """Time in-process engine calls against the same through each transport; returns ratios."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from arctic_platform.rl.client import ArcticRLClient
-    from arctic_platform.rl.config import ArcticRLClientConfig
     from arctic_platform.rl.interfaces import EngineContext
     from arctic_platform.rl.plugins import get_registry
     from arctic_platform.rl.testing import build_tiny_model, free_port
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "arctic_rl_bench_models" / "tiny"))
-    base = ArcticRLClientConfig(
-        model_name=model,
-        training_gpus=1,
-        sampling_gpus=1,
-        host="127.0.0.1",
-        port=free_port(),
-        ray_auto_attach=False,
-        server_logs=False,
-    )
+    base = loopback_config(model, free_port(), training_gpus=1, sampling_gpus=1)
     registry = get_registry()
     configs = {}
     for name in transports:

@@ -24,23 +24,16 @@ def main() -> None:
     parser.add_argument("--config", help="a JSON file written from client.reconnect_config()")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
-    parser.add_argument("--model")
-    parser.add_argument("--training-job", type=int)
-    parser.add_argument("--sampling-job", type=int)
-    parser.add_argument("--log-prob-job", type=int)
-    args = parser.parse_args()
+    parser.add_argument("--model", dest="model_name")
+    parser.add_argument("--training-job", dest="training_job_id", type=int)
+    parser.add_argument("--sampling-job", dest="sampling_job_id", type=int)
+    parser.add_argument("--log-prob-job", dest="log_prob_job_id", type=int)
+    fields = vars(parser.parse_args())  # without --config: the config's fields
 
-    if args.config:
-        config = ArcticRLClientConfig.model_validate_json(Path(args.config).read_text())
+    if path := fields.pop("config"):
+        config = ArcticRLClientConfig.model_validate_json(Path(path).read_text())
     else:
-        config = ArcticRLClientConfig(
-            model_name=args.model,
-            host=args.host,
-            port=args.port,
-            training_job_id=args.training_job,
-            sampling_job_id=args.sampling_job,
-            log_prob_job_id=args.log_prob_job,
-        )
+        config = ArcticRLClientConfig(**fields)
     client = ArcticRLClient(config)  # reconnect mode: verifies the jobs are running
     try:
         print("jobs:", client.job_ids)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -53,6 +55,19 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not ready after {timeout:.0f} s{where}")
         time.sleep(0.5)
+
+
+def wait_listening(port: int, thread: threading.Thread) -> None:
+    """Wait until something listens on 127.0.0.1:``port`` (an in-process server started on
+    ``thread``); fail when the thread ends first or nothing listens after about 20 s."""
+    for _ in range(400):
+        assert thread.is_alive(), "the server thread ended before it listened"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def spawn(

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from support.servers import wait_listening
 
 from arctic_platform.rl import api
 from arctic_platform.rl.api import http_common
@@ -57,13 +56,7 @@ def _serve(app: Any) -> Iterator[int]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        for _ in range(400):
-            assert thread.is_alive(), "the server thread ended before it listened"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port, thread)
         yield port
     finally:
         server.should_exit = True

@@ -265,25 +265,24 @@ def test_server_modules_below_jobs_never_import_jobs():
     assert not broken, "\n".join(broken)
 
 
-def test_weight_sync_imports_only_the_ground_floor_and_config():
-    allowed = _core(*GROUND_FLOOR, "config", "weight_sync")
-    broken = [
+def _not_allowed(folder: str, allowed: tuple[str, ...]) -> list[str]:
+    """The runtime imports of core modules (other than the package) from ``folder``'s files
+    that ``allowed`` does not cover."""
+    return [
         i.where()
-        for p in _in("weight_sync")
+        for p in _in(folder)
         for i in _runtime_imports(p)
         if _names(i.target, RL) and i.target != RL and not _names(i.target, *allowed)
     ]
+
+
+def test_weight_sync_imports_only_the_ground_floor_and_config():
+    broken = _not_allowed("weight_sync", _core(*GROUND_FLOOR, "config", "weight_sync"))
     assert not broken, "\n".join(broken)
 
 
 def test_agents_imports_only_the_ground_floor_config_wire_and_batch():
-    allowed = _core(*AGENTS_MAY_IMPORT)
-    broken = [
-        i.where()
-        for p in _in("agents")
-        for i in _runtime_imports(p)
-        if _names(i.target, RL) and i.target != RL and not _names(i.target, *allowed)
-    ]
+    broken = _not_allowed("agents", _core(*AGENTS_MAY_IMPORT))
     assert not broken, "\n".join(broken)
 
 

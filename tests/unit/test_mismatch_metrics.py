@@ -53,6 +53,19 @@ def _by_hand() -> dict[str, float]:
     }
 
 
+def _batch(**fields: torch.Tensor) -> dict[str, object]:
+    """The two-row batch the losses train (mask ``MASK``, advantages 1 and -2), with ``fields``
+    (old or rollout log-probs)."""
+    advantages = _t([[1.0] * 3, [-2.0] * 3])
+    return {
+        "loss_mask": _t(MASK),
+        "advantages": advantages,
+        **fields,
+        "num_tokens": 3.0,
+        "num_seqs": 2.0,
+    }
+
+
 def _means(metrics: dict) -> dict[str, float]:
     return {k: float(s) / float(c) for k, (s, c) in metrics.items() if k in MISMATCH_METRICS}
 
@@ -80,13 +93,7 @@ def test_every_policy_gradient_loss_reports_the_mismatch_against_the_old_policy(
     fn = loss()
     config = fn.configure(None)
     current = torch.tensor(TRAIN, dtype=torch.float64, requires_grad=True) + 0.01
-    base = {
-        "loss_mask": _t(MASK),
-        "advantages": _t([[1.0] * 3, [-2.0] * 3]),
-        "old_log_probs": _t(TRAIN),
-        "num_tokens": 3.0,
-        "num_seqs": 2.0,
-    }
+    base = _batch(old_log_probs=_t(TRAIN))
     plain = fn(current, base, **config)
     out = fn(current, {**base, "rollout_log_probs": _t(ROLLOUT)}, **config)
     assert float(out.loss) == float(plain.loss)  # metrics only: no correction
@@ -99,13 +106,7 @@ def test_every_policy_gradient_loss_reports_the_mismatch_against_the_old_policy(
 def test_without_old_log_probs_the_current_policy_is_the_trainers_side():
     """Bypass: the rollout log-probs are measured against the log-probs being trained."""
     fn = make_importance_sampling()
-    batch = {
-        "loss_mask": _t(MASK),
-        "advantages": _t([[1.0] * 3, [-2.0] * 3]),
-        "rollout_log_probs": _t(ROLLOUT),
-        "num_tokens": 3.0,
-        "num_seqs": 2.0,
-    }
+    batch = _batch(rollout_log_probs=_t(ROLLOUT))
     current = torch.tensor(TRAIN, dtype=torch.float64, requires_grad=True)
     out = fn(current, batch, **fn.configure(None))
     assert _means(out.metrics)["mismatch_k1"] == pytest.approx(_by_hand()["mismatch_k1"])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.servers import wait_listening
 
 from arctic_platform.rl import api
 from arctic_platform.rl.plugins import get_registry
@@ -359,20 +360,6 @@ def _initialize_all(transport: Any) -> dict[str, int]:
     return ids
 
 
-def _wait_listening(port: int, thread: threading.Thread) -> None:
-    import socket
-    import time
-
-    for _ in range(400):
-        assert thread.is_alive(), "the server thread ended before it listened"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
-
-
 def test_local_backends_server_has_a_method_for_every_operation():
     server_cls = api.RLServer
     missing = [name for name in ALL if not callable(getattr(server_cls, name, None))]
@@ -391,7 +378,7 @@ def test_http_transport_serves_every_operation_end_to_end(tmp_path):
     thread.start()
     transport = client_cls("127.0.0.1", port, TOKEN, retries=0)
     try:
-        _wait_listening(port, thread)
+        wait_listening(port, thread)
         ids = _initialize_all(transport)
         payloads = _payloads(ids)
         for name in ORDER:
@@ -489,7 +476,7 @@ def test_dss_platform_serves_every_operation_through_the_platform(tmp_path):
     own = {"health": None, "status": None, "metrics": None, "initialize": None}
     own["shutdown"] = "destroy"
     try:
-        _wait_listening(port, thread)
+        wait_listening(port, thread)
         first = transport()
         ids = _initialize_all(first)
         payloads = _payloads(ids)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.tools import lookup_tool
 
 from arctic_platform.rl.testing import (
     CHAT_TEMPLATE,
@@ -27,20 +28,7 @@ from arctic_platform.rl.testing import (
 
 pytest.importorskip("transformers")
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up the value stored under a key",
-            "parameters": {
-                "type": "object",
-                "properties": {"key": {"type": "string"}},
-                "required": ["key"],
-            },
-        },
-    }
-]
+TOOLS = [lookup_tool(strict=False, closed=False)]
 
 
 def _call(call_id: str, key: str, as_string: bool = True) -> dict[str, Any]:

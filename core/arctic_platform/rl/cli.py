@@ -108,19 +108,17 @@ def _platform_serve(args: argparse.Namespace) -> int:
 def _prometheus(args: argparse.Namespace) -> int:
     """Run Prometheus on a run dir's metrics targets."""
     from arctic_platform.rl.errors import ArcticRLError
-    from arctic_platform.rl.observe.prometheus import run
+    from arctic_platform.rl.observe.prometheus import command, run
 
+    run_dir = Path(args.run_dir)
+    options = {name: getattr(args, name) for name in ("host", "port", "binary", "scrape_seconds")}
     try:
-        return run(
-            Path(args.run_dir),
-            host=args.host,
-            port=args.port,
-            binary=args.binary,
-            scrape_seconds=args.scrape_seconds,
-        )
+        argv = command(run_dir, **options)
     except ArcticRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(f"prometheus on http://{args.host}:{args.port} scraping the run in {run_dir}", flush=True)
+    return run(argv)
 
 
 def _dashboard(args: argparse.Namespace) -> int:

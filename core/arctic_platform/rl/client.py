@@ -15,12 +15,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from arctic_platform.rl.agents.client_sessions import SessionMethods
 from arctic_platform.rl.config import ArcticRLClientConfig
 from arctic_platform.rl.errors import JobError, JobStateError, ServerError, TransportError
-from arctic_platform.rl.interfaces import Backend, ClientTransport
+from arctic_platform.rl.interfaces import Backend, ClientTransport, ServedAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +32,11 @@ def _gpus(config: ArcticRLClientConfig, job_type: str) -> int:
     return int(getattr(config, f"{job_type}_gpus"))
 
 
-def _adapter_fields(adapter: str | None, version: int | None) -> dict[str, Any]:
+def _adapter_fields(
+    adapter: str | None = None, adapter_version: int | None = None
+) -> dict[str, Any]:
     """The ``adapter``/``adapter_version`` request fields that are set."""
-    fields = {"adapter": adapter, "adapter_version": version}
+    fields = {"adapter": adapter, "adapter_version": adapter_version}
     return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -226,7 +228,7 @@ class ArcticRLClient(SessionMethods):
         if return_log_probs or forward_only:
             payload["return_log_probs"] = return_log_probs
             payload["forward_only"] = forward_only
-        payload.update(_adapter_fields(adapter, None))
+        payload.update(_adapter_fields(adapter))
         return dict(self._call_retrying("fwd_bwd", payload))
 
     def fwd_no_grad(
@@ -239,7 +241,7 @@ class ArcticRLClient(SessionMethods):
             "training",
             batch=batch,
             reference_model=reference_model,
-            **_adapter_fields(adapter, None),
+            **_adapter_fields(adapter),
         )
         return list(answer["log_probs"])
 
@@ -277,12 +279,12 @@ class ArcticRLClient(SessionMethods):
             "grad_clip_norm": grad_clip_norm,
         }
         payload.update({k: v for k, v in adam.items() if v is not None})
-        payload.update(_adapter_fields(adapter, None))
+        payload.update(_adapter_fields(adapter))
         return dict(self._call_retrying("step", payload))
 
     def save_checkpoint(self, tag: str | None = None, *, adapter: str | None = None) -> str:
         """Save the full training state (in a LoRA run: of ``adapter``); returns its path."""
-        named = _adapter_fields(adapter, None)
+        named = _adapter_fields(adapter)
         return str(self._call_job("save_checkpoint", "training", tag=tag, **named)["path"])
 
     def load_checkpoint(
@@ -297,7 +299,7 @@ class ArcticRLClient(SessionMethods):
 
         ``optimizer=False`` restores the weights with a fresh optimizer; ``adapter`` (LoRA)
         is the named adapter it loads into."""
-        fields: dict[str, Any] = {"path": path, "step": step, **_adapter_fields(adapter, None)}
+        fields: dict[str, Any] = {"path": path, "step": step, **_adapter_fields(adapter)}
         if not optimizer:
             fields["optimizer"] = False
         answer = self._call_job("load_checkpoint", "training", **fields)
@@ -331,9 +333,7 @@ class ArcticRLClient(SessionMethods):
         self,
         prompts: list[str] | list[list[int]],
         sampling_params: dict[str, Any] | None = None,
-        *,
-        adapter: str | None = None,
-        adapter_version: int | None = None,
+        **served: Unpack[ServedAdapter],
     ) -> dict[str, Any]:
         """Rollouts: ``outputs`` (per prompt: prompt_token_ids, completions), ``weight_version``.
 
@@ -342,10 +342,10 @@ class ArcticRLClient(SessionMethods):
         ``adapter_version`` (default: its latest), and the answer names the ``adapter`` served.
         """
         params = sampling_params or {}
-        served = _adapter_fields(adapter, adapter_version)
+        fields = _adapter_fields(**served)
         return dict(
             self._call_job(
-                "generate", "sampling", prompts=prompts, sampling_params=params, **served
+                "generate", "sampling", prompts=prompts, sampling_params=params, **fields
             )
         )
 
@@ -354,15 +354,13 @@ class ArcticRLClient(SessionMethods):
         prompts: list[list[int]],
         completions: list[list[int]],
         top_k: int = 1,
-        *,
-        adapter: str | None = None,
-        adapter_version: int | None = None,
+        **served: Unpack[ServedAdapter],
     ) -> dict[str, Any]:
         """Per completion token log-probs (and top-k) from the log-prob job.
 
         In a LoRA run they are those of ``adapter`` at ``adapter_version`` (defaults and
         ``"base"`` as for ``generate``)."""
-        served = _adapter_fields(adapter, adapter_version)
+        fields = _adapter_fields(**served)
         return dict(
             self._call_job(
                 "log_probs",
@@ -370,7 +368,7 @@ class ArcticRLClient(SessionMethods):
                 prompts=prompts,
                 completions=completions,
                 top_k=top_k,
-                **served,
+                **fields,
             )
         )
 

@@ -489,3 +489,14 @@ class WeightSyncConfig(BaseModel):
                 f"tp {self.inference_tp} needs ports up to {last}, past 65535"
             )
         return self
+
+
+REFERENCE_MODELS: tuple[type[BaseModel], ...] = (
+    ArcticRLClientConfig,
+    TrainingConfig,
+    OptimizerConfig,
+    MicroBatchSpec,
+    LoraConfig,
+    WeightSyncConfig,
+)
+"""Every config model, in the order a user meets them (the configuration reference's order)."""

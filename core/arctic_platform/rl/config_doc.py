@@ -40,24 +40,10 @@ def model_table(model: type[BaseModel]) -> str:
 
 def reference_markdown() -> str:
     """Every config model's table, in the order a user meets them."""
-    from arctic_platform.rl.config import (
-        ArcticRLClientConfig,
-        LoraConfig,
-        MicroBatchSpec,
-        OptimizerConfig,
-        TrainingConfig,
-        WeightSyncConfig,
-    )
+    from arctic_platform.rl.config import REFERENCE_MODELS
 
     parts = []
-    for model in (
-        ArcticRLClientConfig,
-        TrainingConfig,
-        OptimizerConfig,
-        MicroBatchSpec,
-        LoraConfig,
-        WeightSyncConfig,
-    ):
+    for model in REFERENCE_MODELS:
         doc = (model.__doc__ or "").strip().splitlines()[0]
         parts.append(f"#### `{model.__name__}`\n\n{doc}\n\n{model_table(model)}")
     return "\n\n".join(parts)

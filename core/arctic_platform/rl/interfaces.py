@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     import threading
@@ -36,6 +36,14 @@ class EngineContext:
     replica: int = 0
     work_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ServedAdapter(TypedDict, total=False):
+    """Which weights serve a generate or log_probs call in a LoRA run: ``adapter`` (``"base"``:
+    the base model) at ``adapter_version``; unset or None: the defaults."""
+
+    adapter: str | None
+    adapter_version: int | None
 
 
 class Engine(ABC):

@@ -281,10 +281,47 @@ class RolloutSide:
         selected = self.batch["loss_mask"] != 0
         return torch.where(selected, log_probs - self.old, torch.zeros_like(log_probs))
 
+    def ratio(self, log_probs: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        """``exp(log_ratio)``, the log-ratio clamped to +-MAX_LOG_RATIO (``detach``: a constant)."""
+        import torch
+
+        diff = self.log_ratio(log_probs)
+        diff = diff.detach() if detach else diff
+        return torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
+def _pg_defaults(
+    own: dict[str, Any], aggregation: str = "token-mean", kl_estimator: str = "k1"
+) -> dict[str, Any]:
+    """A policy-gradient loss's defaults: its ``own`` keys, no KL or entropy term (KL estimated
+    by ``kl_estimator`` when set), ``aggregation``, and every rollout correction off."""
+    return {
+        **own,
+        "kl_coef": 0.0,
+        "kl_estimator": kl_estimator,
+        "entropy_coef": 0.0,
+        "aggregation": aggregation,
+        **CORRECTION_DEFAULTS,
+    }
+
 
 class CorrectedLoss(BuiltinLoss):
     """A policy-gradient loss: the sampler/trainer mismatch measured whenever the batch has
     ``rollout_log_probs``, and corrected as the rollout-correction keys say."""
+
+    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
+        """Per-micro-batch loss share and metrics (pg_loss, the loss's own, kl, entropy)."""
+        config = config or self.configure(None)
+        side = self._rollout_side(log_probs, batch, config)
+        pg, penalty = self._per_token(log_probs, side, config)
+        return self._policy_gradient(pg, log_probs, side, config, penalty)
+
+    def _per_token(
+        self, log_probs: torch.Tensor, side: RolloutSide, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The per-token policy-gradient term and unweighted penalty (None: none), recording
+        the loss's own metrics in ``side.metrics``."""
+        raise NotImplementedError  # pragma: no cover
 
     def normalisers(
         self, config: Mapping[str, Any], whole_batch: Callable[[], Mapping[str, Any]]
@@ -374,27 +411,18 @@ class PolicyGradientLoss(CorrectedLoss):
 
     def __init__(self, name: str, aggregation: str, kl_estimator: str) -> None:
         self.name = name
-        self.defaults = {
-            "clip_eps_low": 0.2,
-            "clip_eps_high": 0.2,
-            "clip_ratio_c": None,
-            "kl_coef": 0.0,
-            "kl_estimator": kl_estimator,
-            "entropy_coef": 0.0,
-            "aggregation": aggregation,
-            **CORRECTION_DEFAULTS,
-        }
+        own = {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "clip_ratio_c": None}
+        self.defaults = _pg_defaults(own, aggregation, kl_estimator)
 
-    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
-        """Per-micro-batch loss share and metrics (pg_loss, clip_frac, ratio, kl, entropy)."""
+    def _per_token(
+        self, log_probs: torch.Tensor, side: RolloutSide, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Clipped ratio (dual clip with ``clip_ratio_c``); metrics clip_frac, ratio."""
         import torch
 
-        config = config or self.configure(None)
-        side = self._rollout_side(log_probs, batch, config)
-        batch = side.batch
-        weights = batch["loss_mask"]
-        advantages = batch["advantages"]
-        ratio = torch.exp(side.log_ratio(log_probs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        weights = side.batch["loss_mask"]
+        advantages = side.batch["advantages"]
+        ratio = side.ratio(log_probs)
         low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
         unclipped = -advantages * ratio
         clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
@@ -408,33 +436,22 @@ class PolicyGradientLoss(CorrectedLoss):
             pg = torch.where(advantages < 0, torch.minimum(pg, cap), pg)
             metrics["dual_clip_frac"] = token_metric(dual.to(pg.dtype), weights)
         metrics["ratio"] = token_metric(ratio, weights)
-        return self._policy_gradient(pg, log_probs, side, config)
+        return pg, None
 
 
 class ImportanceSamplingLoss(CorrectedLoss):
     """Unclipped importance-weighted policy gradient: ``-A exp(logp - old_logp)`` per token."""
 
     name = "importance_sampling"
-    defaults = {
-        "kl_coef": 0.0,
-        "kl_estimator": "k1",
-        "entropy_coef": 0.0,
-        "aggregation": "token-mean",
-        **CORRECTION_DEFAULTS,
-    }
+    defaults = _pg_defaults({})
 
-    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
-        """Per-micro-batch loss share and metrics (pg_loss, ratio, kl, entropy)."""
-        import torch
-
-        config = config or self.configure(None)
-        side = self._rollout_side(log_probs, batch, config)
-        batch = side.batch
-        weights = batch["loss_mask"]
-        ratio = torch.exp(side.log_ratio(log_probs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
-        pg = -batch["advantages"] * ratio
-        side.metrics["ratio"] = token_metric(ratio, weights)
-        return self._policy_gradient(pg, log_probs, side, config)
+    def _per_token(
+        self, log_probs: torch.Tensor, side: RolloutSide, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``-A r``; metric ratio."""
+        ratio = side.ratio(log_probs)
+        side.metrics["ratio"] = token_metric(ratio, side.batch["loss_mask"])
+        return -side.batch["advantages"] * ratio, None
 
 
 class CISPOLoss(CorrectedLoss):
@@ -445,31 +462,20 @@ class CISPOLoss(CorrectedLoss):
     name = "cispo"
     lower_clip_may_reach_zero = True  # clip_eps_low = 1: the ratio is clipped to [0, 1 + high]
     aliases = {"eps_clip": ("clip_eps_low", "clip_eps_high")}
-    defaults = {
-        "clip_eps_low": 1.0,
-        "clip_eps_high": 3.0,
-        "kl_coef": 0.0,
-        "kl_estimator": "k1",
-        "entropy_coef": 0.0,
-        "aggregation": "token-mean",
-        **CORRECTION_DEFAULTS,
-    }
+    defaults = _pg_defaults({"clip_eps_low": 1.0, "clip_eps_high": 3.0})
 
-    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
-        """Per-micro-batch loss share and metrics (pg_loss, clip_frac, ratio, kl, entropy)."""
-        import torch
-
-        config = config or self.configure(None)
-        side = self._rollout_side(log_probs, batch, config)
-        batch = side.batch
-        weights = batch["loss_mask"]
-        ratio = torch.exp(side.log_ratio(log_probs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    def _per_token(
+        self, log_probs: torch.Tensor, side: RolloutSide, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``-sg(clip(r)) A logp``; metrics clip_frac, ratio."""
+        weights = side.batch["loss_mask"]
+        ratio = side.ratio(log_probs, detach=True)
         low, high = float(config["clip_eps_low"]), float(config["clip_eps_high"])
         clipped = ratio.clamp(max(0.0, 1.0 - low), 1.0 + high)
-        pg = -clipped * batch["advantages"] * log_probs
+        pg = -clipped * side.batch["advantages"] * log_probs
         side.metrics["clip_frac"] = token_metric((clipped != ratio).to(pg.dtype), weights)
         side.metrics["ratio"] = token_metric(ratio, weights)
-        return self._policy_gradient(pg, log_probs, side, config)
+        return pg, None
 
 
 class DROLoss(CorrectedLoss):
@@ -478,14 +484,7 @@ class DROLoss(CorrectedLoss):
     penalty instead of a clip."""
 
     name = "dro"
-    defaults = {
-        "beta": 0.05,
-        "kl_coef": 0.0,
-        "kl_estimator": "k1",
-        "entropy_coef": 0.0,
-        "aggregation": "token-mean",
-        **CORRECTION_DEFAULTS,
-    }
+    defaults = _pg_defaults({"beta": 0.05})
 
     def _check(self, config: dict[str, Any]) -> None:
         super()._check(config)
@@ -495,15 +494,13 @@ class DROLoss(CorrectedLoss):
         if not math.isfinite(beta):
             raise LossConfigError(f"loss_config beta={beta!r} must be finite")
 
-    def __call__(self, log_probs: torch.Tensor, batch: Mapping[str, Any], **config: Any) -> Any:
-        """Per-micro-batch loss share and metrics (pg_loss, kl, entropy)."""
-
-        config = config or self.configure(None)
-        side = self._rollout_side(log_probs, batch, config)
+    def _per_token(
+        self, log_probs: torch.Tensor, side: RolloutSide, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``-A logp`` and the penalty ``beta/2 (logp - old_logp)^2``."""
         diff = side.log_ratio(log_probs)
-        pg = -side.batch["advantages"] * log_probs
         penalty = 0.5 * float(config["beta"]) * diff * diff
-        return self._policy_gradient(pg, log_probs, side, config, penalty)
+        return -side.batch["advantages"] * log_probs, penalty
 
 
 class CrossEntropyLoss(BuiltinLoss):

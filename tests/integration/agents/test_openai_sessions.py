@@ -16,25 +16,14 @@ import time
 from typing import Any
 
 import pytest
+from support.openai_errors import refused
+from support.tools import lookup_tool
 
 pytestmark = pytest.mark.slow
 
 openai = pytest.importorskip("openai")
 
-LOOKUP = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "description": "Look up the value stored under a key",
-        "parameters": {
-            "type": "object",
-            "properties": {"key": {"type": "string"}},
-            "required": ["key"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-}
+LOOKUP = lookup_tool()
 EXTRA = {"return_token_ids": True}
 
 
@@ -121,23 +110,29 @@ def test_bad_requests_are_openai_errors_and_the_session_keeps_answering(rl):
         api_key=handle.api_key,
         max_retries=0,
     )
-    with pytest.raises(openai.NotFoundError):
-        unknown.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(
+    refused(
+        lambda: unknown.chat.completions.create(model=handle.model, messages=user, max_tokens=4),
+        404,
+    )
+    refused(
+        lambda: client.chat.completions.create(
             model=handle.model, messages=[{"role": "wizard", "content": "x"}], max_tokens=4
         )
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(
+    )
+    refused(
+        lambda: client.chat.completions.create(
             model=handle.model, messages=[{"role": "user", "content": "7 " * 5000}], max_tokens=4
         )
+    )
     answer = client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     models = client.models.list().data
     assert models[0].id == handle.model and models[0].model_extra["max_model_len"] > 0
     rl.close_session(handle.session_id)
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    refused(
+        lambda: client.chat.completions.create(model=handle.model, messages=user, max_tokens=4),
+        404,
+    )
 
 
 def test_token_in_generate_records_its_turns(rl):
@@ -175,8 +170,9 @@ def test_completions_with_text_then_ids_are_one_token_faithful_segment(rl):
     assert [t["completion_ids"] for t in turns] == [ids, second.choices[0].model_extra["token_ids"]]
     assert turns[0]["completion_log_probs"] == choice.logprobs.token_logprobs
     assert [t["segment"] for t in turns] == [0, 0] and not turns[1]["prefix_break"]
-    with pytest.raises(openai.BadRequestError, match="best_of"):
-        client.completions.create(model=handle.model, prompt="x", best_of=2)
+    refused(
+        lambda: client.completions.create(model=handle.model, prompt="x", best_of=2), 400, "best_of"
+    )
     # n choices of one request: sibling turns, one row each when none is continued
     several = client.chat.completions.create(
         model=handle.model, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=4,
@@ -225,8 +221,7 @@ def test_a_weight_sync_between_two_turns_shows_in_the_trajectory_and_ends_a_stri
         (version, version),
     ]
     assert turns[1]["prefix_break"] is False  # the new weights do not break the token prefix
-    with pytest.raises(openai.BadRequestError, match="max_staleness"):
-        _turn(strict_client, strict, messages)
+    refused(lambda: _turn(strict_client, strict, messages), 400, "max_staleness")
     assert _turn(client, handle, [{"role": "user", "content": "still here?"}]).choices
 
 
@@ -249,8 +244,10 @@ def test_over_the_ray_transport_the_routes_are_http_beside_the_server_actor(rl):
         default_headers={"X-Session-ID": handle.session_id},
         max_retries=0,
     )
-    with pytest.raises(openai.AuthenticationError):  # the server has a token: a wrong key fails
-        by_header.chat.completions.create(model=handle.model, messages=user, max_tokens=4)
+    refused(  # the server has a token: a wrong key fails
+        lambda: by_header.chat.completions.create(model=handle.model, messages=user, max_tokens=4),
+        401,
+    )
     assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert len(rl.session_trajectory(handle.session_id)["turns"]) == 1
     assert handle.session_id in {s["session_id"] for s in rl.list_sessions()}
@@ -279,9 +276,11 @@ def test_malformed_inputs_are_openai_400s_on_the_real_server_and_it_keeps_answer
     ]
     for request in requests:
         started = time.perf_counter()
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(model=handle.model, **{"max_tokens": 4, **request})
-        assert refused.value.body["type"] == "invalid_request_error"
+        refused(
+            lambda r=request: client.chat.completions.create(
+                model=handle.model, **{"max_tokens": 4, **r}
+            )
+        )
         size = len(json.dumps(request))
         print(f"{size} B request: 400 in {time.perf_counter() - started:.3f} s")
     answer = client.chat.completions.create(model=handle.model, messages=user, max_tokens=4)

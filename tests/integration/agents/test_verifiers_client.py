@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from support import verifiers_venv
+from support.tools import lookup_tool
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +73,8 @@ def _drive(python: str, handle: Any, model_dir: str, *more: str) -> dict[str, An
         handle.model,
         "--renderer-model",
         model_dir,
+        "--tools",
+        json.dumps([lookup_tool(strict=False)]),
         *more,
     ]
     done = subprocess.run(

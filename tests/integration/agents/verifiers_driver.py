@@ -2,12 +2,13 @@
 ``test_verifiers_client.py`` with ``.venv-verifiers/bin/python``; it cannot import the
 project, which needs openai 3.x while verifiers pins ``openai<3``).
 
-Turn 1 is a user message with a ``lookup`` tool; turn 2 is that history, the assistant turn
-turn 1 returned, and a ``tool`` message with a result. The client renders each prompt with
-``Qwen3Renderer`` from the local tokenizer dir, reads ``max_model_len`` from
-``GET {base}/models`` and samples through ``POST {base without /v1}/inference/v1/generate``
-with the session id as ``X-Session-ID``. Every raw generate answer is captured (the renderer
-only returns parsed fields), and one JSON object goes to stdout:
+Turn 1 is a user message with the tools ``--tools`` gives (the test's ``lookup`` tool); turn
+2 is that history, the assistant turn turn 1 returned, and a ``tool`` message with a result.
+The client renders each prompt with ``Qwen3Renderer`` from the local tokenizer dir, reads
+``max_model_len`` from ``GET {base}/models`` and samples through
+``POST {base without /v1}/inference/v1/generate`` with the session id as ``X-Session-ID``.
+Every raw generate answer is captured (the renderer only returns parsed fields), and one
+JSON object goes to stdout:
 ``{"models", "max_prompt_len", "stop_token_ids", "turns": [...], "raw": [...]}``.
 """
 
@@ -21,19 +22,6 @@ import sys
 from typing import Any
 
 KEY_VAR = "ARCTIC_RL_VERIFIERS_SESSION_KEY"
-LOOKUP = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "description": "Look up the value stored under a key",
-        "parameters": {
-            "type": "object",
-            "properties": {"key": {"type": "string"}},
-            "required": ["key"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -44,6 +32,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--session-id", required=True, help="sent as X-Session-ID")
     parser.add_argument("--model", required=True, help="the model name the server lists")
     parser.add_argument("--renderer-model", required=True, help="the local tokenizer dir")
+    parser.add_argument(
+        "--tools", type=json.loads, required=True, help="the request's tools (a JSON list)"
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument(
         "--bridge",
@@ -133,7 +124,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     trace = _trace() if args.bridge else None
 
     async def turn(messages: list[dict[str, Any]]) -> Any:
-        body = {"model": args.model, "messages": messages, "tools": [LOOKUP]}
+        body = {"model": args.model, "messages": messages, "tools": args.tools}
         if trace is None:
             return await client.get_response(dialect, body, sampling, session_id=args.session_id)
         from verifiers.v1.graph import prepare_turn

@@ -16,15 +16,11 @@ against 3 040-3 470 (it failed the bound once at 0.29), over 15 000-30 000 165-4
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import textwrap
 
 import pytest
+from support.programs import run_ray_program
 
 pytestmark = pytest.mark.slow
 
@@ -78,24 +74,12 @@ def _slope(points: list[tuple[int, int]]) -> float:
 
 
 def _second_half_growth(tmp_path, extra_env: dict[str, str]) -> float:
-    ray_tmp = tempfile.mkdtemp(prefix="arl-", dir="/tmp")  # Ray's socket paths must be short
     env = {k: v for k, v in os.environ.items() if k not in RAY_DEFAULTS}
-    env.update(ARCTIC_RL_RAY_TMP=ray_tmp, **extra_env)
+    env.update(extra_env)
     env.pop("RAY_ADDRESS", None)
-    try:
-        args = [str(tmp_path / "run"), str(CALLS), str(EVERY), str(KEPT)]
-        done = subprocess.run(
-            [sys.executable, "-c", PROGRAM, *args],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    out = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert out, done.stderr[-4000:]
-    points = [tuple(p) for p in json.loads(out[0][len("RESULT ") :])]
+    args = [str(tmp_path / "run"), str(CALLS), str(EVERY), str(KEPT)]
+    result, _ = run_ray_program(PROGRAM, args, env, timeout=600)
+    points = [tuple(p) for p in result]
     half = [p for p in points if p[0] >= CALLS // 2]
     return _slope(half)
 

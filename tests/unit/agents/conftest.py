@@ -5,25 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.tools import lookup_tool
 
 pytest.importorskip("transformers")
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up the value stored under a key",
-            "parameters": {
-                "type": "object",
-                "properties": {"key": {"type": "string"}},
-                "required": ["key"],
-                "additionalProperties": False,
-            },
-            "strict": True,
-        },
-    }
-]
+TOOLS: list[dict[str, Any]] = [lookup_tool()]
 
 
 @pytest.fixture(scope="session")

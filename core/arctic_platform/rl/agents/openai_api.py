@@ -158,6 +158,17 @@ def turn_usage(*turns: SessionTurn) -> dict[str, int]:
     }
 
 
+def answer_head(kind: str, prefix: str, session_id: str, index: int, model: str) -> dict[str, Any]:
+    """The fields an OpenAI answer (or stream chunk) starts with: ``id``
+    (``{prefix}-{session}-{turn index}``), ``object`` (``kind``), ``created`` and ``model``."""
+    return {
+        "id": f"{prefix}-{session_id}-{index}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+    }
+
+
 def plain_sampling_params(body: Any) -> dict[str, Any]:
     """``temperature``, ``top_p``, ``seed`` (when set) and ``stop`` (as a list) of a chat or
     completions request, as vLLM sampling params."""
@@ -212,6 +223,20 @@ Choice = tuple[SessionTurn, Mapping[str, Any]]
 """One recorded choice of a request: its turn and the engine's completion record."""
 
 
+def choices_answer(
+    kind: str,
+    prefix: str,
+    choices: Sequence[Choice],
+    out: list[dict[str, Any]],
+    session_id: str,
+    model: str,
+) -> dict[str, Any]:
+    """The ``kind`` answer of a request's recorded ``choices``, rendered as ``out``: its head
+    (``answer_head``, id of the first turn), the choices and their ``usage``."""
+    head = answer_head(kind, prefix, session_id, choices[0][0].index, model)
+    return {**head, "choices": out, "usage": turn_usage(*(turn for turn, _ in choices))}
+
+
 def chat_response(
     body: ChatCompletionBody,
     choices: Sequence[Choice],
@@ -222,15 +247,7 @@ def chat_response(
 ) -> dict[str, Any]:
     """The ``chat.completion`` answer of a request's recorded choices (``n`` of them); token
     ids and weight versions only with ``return_token_ids``, log-probs only with ``logprobs``."""
-    first = choices[0][0]
-    answer: dict[str, Any] = {
-        "id": f"chatcmpl-{session_id}-{first.index}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-        "usage": turn_usage(*(turn for turn, _ in choices)),
-    }
+    out = []
     for number, (turn, completion) in enumerate(choices):
         choice: dict[str, Any] = {
             "index": number,
@@ -249,9 +266,10 @@ def chat_response(
             choice["logprobs"] = {"content": content}
         if body.return_token_ids:
             choice.update(_token_fields(turn))
-        answer["choices"].append(choice)
+        out.append(choice)
+    answer = choices_answer("chat.completion", "chatcmpl", choices, out, session_id, model)
     if body.return_token_ids:
-        answer["prompt_token_ids"] = list(first.prompt_ids)
+        answer["prompt_token_ids"] = list(choices[0][0].prompt_ids)
     return answer
 
 
@@ -311,10 +329,12 @@ __all__ = [
     "ChatCompletionBody",
     "Choice",
     "TokenGenerateBody",
+    "answer_head",
     "chat_response",
     "chat_sampling_params",
     "check_chat",
     "check_messages",
+    "choices_answer",
     "fit_max_tokens",
     "generate_response",
     "logprob_content",

@@ -8,7 +8,6 @@ One prompt per request, as a session is one trajectory (``n`` choices are siblin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,9 +19,9 @@ from arctic_platform.rl.agents.openai_api import (
     SEED_MAX,
     SEED_MIN,
     Choice,
+    choices_answer,
     fit_max_tokens,
     plain_sampling_params,
-    turn_usage,
 )
 from arctic_platform.rl.errors import BadRequestError
 
@@ -151,14 +150,7 @@ def completion_response(
             choice["weight_version_start"] = turn.weight_version_start
             choice["weight_version_end"] = turn.weight_version_end
         out.append(choice)
-    return {
-        "id": f"cmpl-{session_id}-{choices[0][0].index}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": out,
-        "usage": turn_usage(*(turn for turn, _ in choices)),
-    }
+    return choices_answer("text_completion", "cmpl", choices, out, session_id, model)
 
 
 __all__ = [

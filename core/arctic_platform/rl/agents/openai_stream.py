@@ -11,7 +11,6 @@ the chunks' ids join to exactly the sampled ids.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from arctic_platform.rl.agents.chat_tokenizer import ChatTokenizer
 from arctic_platform.rl.agents.models import SessionTurn
 from arctic_platform.rl.agents.openai_api import (
     ChatCompletionBody,
+    answer_head,
     logprob_content,
     turn_usage,
 )
@@ -53,12 +53,7 @@ def chat_chunks(
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk``s of a recorded ``turn`` (``parsed``: its message)."""
     ids = list(turn.completion_ids)
-    head = {
-        "id": f"chatcmpl-{session_id}-{turn.index}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-    }
+    head = answer_head("chat.completion.chunk", "chatcmpl", session_id, turn.index, model)
     top = completion.get("top_logprobs") if body.logprobs and body.top_logprobs else None
 
     def chunk(delta: dict[str, Any], start: int, end: int, finish: str | None) -> dict[str, Any]:

@@ -66,17 +66,9 @@ def command(
     ]
 
 
-def run(
-    run_dir: Path,
-    *,
-    host: str = "127.0.0.1",
-    port: int = DEFAULT_PORT,
-    binary: str | None = None,
-    scrape_seconds: float = 5.0,
-) -> int:
-    """Run Prometheus in the foreground until it exits (Ctrl-C stops it)."""
-    argv = command(run_dir, host=host, port=port, binary=binary, scrape_seconds=scrape_seconds)
-    print(f"prometheus on http://{host}:{port} scraping the run in {run_dir}", flush=True)
+def run(argv: list[str]) -> int:
+    """Run a Prometheus command line (``command``'s) in the foreground until it exits (Ctrl-C
+    stops it)."""
     try:
         return subprocess.call(argv)
     except KeyboardInterrupt:

@@ -27,17 +27,12 @@ registering a plugin never imports torch, vllm, deepspeed or ray.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pluggy
 
-from arctic_platform.rl.plugins.specs import (
-    BackendSpec,
-    CommandSpec,
-    EngineSpec,
-    LossSpec,
-    TrackerSpec,
-    TransportSpec,
-)
+if TYPE_CHECKING:  # the hooks' return types, for readers and type checkers only
+    from arctic_platform.rl.plugins import specs
 
 PROJECT_NAME = "arctic_rl"
 ENTRY_POINT_GROUP = "arctic_rl"
@@ -50,7 +45,7 @@ class ArcticRLHookSpecs:
     """Every hook an Arctic RL plugin may implement."""
 
     @hookspec
-    def arctic_rl_register_backends(self) -> Iterable[BackendSpec]:  # type: ignore[empty-body]
+    def arctic_rl_register_backends(self) -> Iterable[specs.BackendSpec]:  # type: ignore[empty-body]
         """Backends (config field ``backend``): who owns the cluster the jobs run on.
 
         Example::
@@ -61,7 +56,7 @@ class ArcticRLHookSpecs:
         """
 
     @hookspec
-    def arctic_rl_register_transports(self) -> Iterable[TransportSpec]:  # type: ignore[empty-body]
+    def arctic_rl_register_transports(self) -> Iterable[specs.TransportSpec]:  # type: ignore[empty-body]
         """Transports (config field ``comm_protocol``): how the client reaches the server.
 
         Example::
@@ -73,7 +68,7 @@ class ArcticRLHookSpecs:
         """
 
     @hookspec
-    def arctic_rl_register_engines(self) -> Iterable[EngineSpec]:  # type: ignore[empty-body]
+    def arctic_rl_register_engines(self) -> Iterable[specs.EngineSpec]:  # type: ignore[empty-body]
         """Engines for the roles ``training``, ``sampling`` and ``log_prob``.
 
         Example::
@@ -84,7 +79,7 @@ class ArcticRLHookSpecs:
         """
 
     @hookspec
-    def arctic_rl_register_losses(self) -> Iterable[LossSpec]:  # type: ignore[empty-body]
+    def arctic_rl_register_losses(self) -> Iterable[specs.LossSpec]:  # type: ignore[empty-body]
         """Loss functions for ``fwd_bwd(loss_fn=...)``.
 
         Example::
@@ -95,7 +90,7 @@ class ArcticRLHookSpecs:
         """
 
     @hookspec
-    def arctic_rl_register_commands(self) -> Iterable[CommandSpec]:  # type: ignore[empty-body]
+    def arctic_rl_register_commands(self) -> Iterable[specs.CommandSpec]:  # type: ignore[empty-body]
         """Subcommands of ``arctic-rl`` (``arctic-rl NAME ...``), beside the built-in ones.
 
         A command named like a built-in one (``serve``, ``plugins``, ...) is ignored with a
@@ -111,7 +106,7 @@ class ArcticRLHookSpecs:
         """
 
     @hookspec
-    def arctic_rl_register_trackers(self) -> Iterable[TrackerSpec]:  # type: ignore[empty-body]
+    def arctic_rl_register_trackers(self) -> Iterable[specs.TrackerSpec]:  # type: ignore[empty-body]
         """Experiment trackers that ``RunTracker(report_to=[...])`` writes a loop's metrics to.
 
         Example::

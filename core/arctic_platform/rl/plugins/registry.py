@@ -14,24 +14,7 @@ from arctic_platform.rl.plugins.manager import (
     PluginRecord,
     new_plugin_manager,
 )
-from arctic_platform.rl.plugins.specs import (
-    BackendSpec,
-    CommandSpec,
-    EngineSpec,
-    LossSpec,
-    TrackerSpec,
-    TransportSpec,
-    normalize_name,
-)
-
-_SPEC_TYPES: dict[str, type] = {
-    "backend": BackendSpec,
-    "transport": TransportSpec,
-    "engine": EngineSpec,
-    "loss": LossSpec,
-    "command": CommandSpec,
-    "tracker": TrackerSpec,
-}
+from arctic_platform.rl.plugins.specs import SPEC_TYPES, normalize_name
 
 
 @dataclass(frozen=True)
@@ -77,7 +60,7 @@ class Registry:
 
     def __init__(self, pm: ArcticRLPluginManager) -> None:
         self.pm = pm
-        self.specs: dict[str, dict[str, RegisteredSpec]] = {kind: {} for kind in _SPEC_TYPES}
+        self.specs: dict[str, dict[str, RegisteredSpec]] = {kind: {} for kind in SPEC_TYPES}
         self.conflicts: dict[tuple[str, str], Conflict] = {}
         for hook_name, kind in HOOK_KINDS.items():
             for impl in getattr(pm.hook, hook_name).get_hookimpls():
@@ -85,9 +68,9 @@ class Registry:
                 try:
                     produced = list(impl.function() or [])
                     for spec in produced:
-                        if not isinstance(spec, _SPEC_TYPES[kind]):
+                        if not isinstance(spec, SPEC_TYPES[kind]):
                             raise TypeError(
-                                f"{hook_name} must yield {_SPEC_TYPES[kind].__name__}, "
+                                f"{hook_name} must yield {SPEC_TYPES[kind].__name__}, "
                                 f"got {type(spec).__name__}"
                             )
                 except Exception as exc:

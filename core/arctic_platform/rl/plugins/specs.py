@@ -205,3 +205,14 @@ class CommandSpec:
     def load_action(self) -> Any:
         """The action, importing it first when it is a lazy string."""
         return resolve_factory(self.action, f"CommandSpec {self.name!r} action")
+
+
+SPEC_TYPES: dict[str, type] = {
+    "backend": BackendSpec,
+    "transport": TransportSpec,
+    "engine": EngineSpec,
+    "loss": LossSpec,
+    "command": CommandSpec,
+    "tracker": TrackerSpec,
+}
+"""The spec type each plugin kind's hook yields."""

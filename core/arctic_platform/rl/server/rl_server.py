@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +341,17 @@ class RLServer(CheckpointOps, MemoryOps):
         if key is not None:
             remember_request(job.request_ids, key, base_step, result)
 
+    def _once(
+        self, job: Job, key: str | None, clock: CallClock, apply: Callable[[int], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Under ``job.lock``: request ``key``'s first result, replayed, or else ``clock``
+        started and ``apply(base_step)`` (the step the request was applied at) answered."""
+        with job.lock:
+            if (replayed := self._replayed(job, key)) is not None:
+                return replayed
+            clock.start()
+            return apply(job.global_step)
+
     # --- training -----------------------------------------------------------------------
 
     def fwd_bwd(self, request: wire.FwdBwdRequest) -> dict[str, Any]:
@@ -348,17 +360,14 @@ class RLServer(CheckpointOps, MemoryOps):
         batch = request.batch.check(self._batch_limits(job))  # built by the request model
         key = request.request_id and f"fb:{request.request_id}"
         clock = CallClock()
-        with job.lock:
-            if (replayed := self._replayed(job, key)) is not None:
-                return replayed
-            clock.start()
-            base_step = job.global_step
-            options = request.adapter_kwargs()
-            if request.return_log_probs or request.forward_only:
-                options |= {
-                    "return_log_probs": request.return_log_probs,
-                    "forward_only": request.forward_only,
-                }
+        options = request.adapter_kwargs()
+        if request.return_log_probs or request.forward_only:
+            options |= {
+                "return_log_probs": request.return_log_probs,
+                "forward_only": request.forward_only,
+            }
+
+        def apply(base_step: int) -> dict[str, Any]:
             results = self._all_ranks(
                 job, "fwd_bwd", self._shared(batch), request.loss_fn, request.loss_config, **options
             )
@@ -369,6 +378,8 @@ class RLServer(CheckpointOps, MemoryOps):
                 if key is not None:
                     job.changed()
             return result
+
+        return self._once(job, key, clock, apply)
 
     def fwd_no_grad(self, request: wire.FwdNoGradRequest) -> dict[str, Any]:
         """Per-token log-probs from a training job (or a log-prob job)."""
@@ -404,19 +415,18 @@ class RLServer(CheckpointOps, MemoryOps):
         job = self.jobs.running(request.job_id, "training")
         key = request.request_id and f"step:{request.request_id}"
         clock = CallClock()
-        with job.lock:
-            if (replayed := self._replayed(job, key)) is not None:
-                return replayed
-            clock.start()
-            base_step = job.global_step
-            adam = request.optimizer_params()
-            args = (request.learning_rate, adam) if adam else (request.learning_rate,)
+        adam = request.optimizer_params()
+        args = (request.learning_rate, adam) if adam else (request.learning_rate,)
+
+        def apply(base_step: int) -> dict[str, Any]:
             results = self._all_ranks(job, "step", *args, **request.adapter_kwargs())
             result = dict(results[0]) | clock.figures()
             job.global_step = int(result.get("global_step", job.global_step + 1))
             self._remember(job, key, base_step, result)
             job.changed()
             return result
+
+        return self._once(job, key, clock, apply)
 
     def add_adapter(self, request: wire.AddAdapterRequest) -> dict[str, Any]:
         """A new named LoRA adapter on every rank of a training job (``adapters`` listed)."""

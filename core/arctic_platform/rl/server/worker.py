@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from arctic_platform.rl.interfaces import EngineContext
+
 ADAPTER_METHODS = ("adapters", "remove_adapter")
 """What a LoRA engine lists and drops (a training engine also adds them; a sampling or log-prob
 engine loads them by weight sync)."""
@@ -65,13 +67,9 @@ class EngineWorker:
         env: dict[str, str],
     ) -> None:
         os.environ.update(env)
-        self.role = role
+        self.context = EngineContext(role, rank, world_size, replica, work_dir)
         self.engine_name = engine_name
         self.config_data = config
-        self.rank = rank
-        self.world_size = world_size
-        self.replica = replica
-        self.work_dir = work_dir
         self.engine: Any = None
         self._lock = threading.Lock()
         self._observe_failed: set[str] = set()  # methods whose metrics failed once (logged)
@@ -118,7 +116,6 @@ class EngineWorker:
         Gloo and NCCL use the interface holding this node's address unless the environment
         already names one (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``)."""
         from arctic_platform.rl.config import ArcticRLClientConfig
-        from arctic_platform.rl.interfaces import EngineContext
         from arctic_platform.rl.network import interface_with_address
         from arctic_platform.rl.plugins import get_registry
 
@@ -129,16 +126,9 @@ class EngineWorker:
                 os.environ[name] = interface
         with self._lock:
             config = ArcticRLClientConfig.model_validate(self.config_data)
-            spec = get_registry().get("engine", self.engine_name, role=self.role)
-            context = EngineContext(
-                role=self.role,
-                rank=self.rank,
-                world_size=self.world_size,
-                replica=self.replica,
-                work_dir=self.work_dir,
-            )
+            spec = get_registry().get("engine", self.engine_name, role=self.context.role)
             started = time.monotonic()
-            self.engine = spec.create(config, context)
+            self.engine = spec.create(config, self.context)
             return {
                 "pid": os.getpid(),
                 "seconds": time.monotonic() - started,
@@ -161,8 +151,8 @@ class EngineWorker:
         the vLLM sampling engine's request loop, which batches concurrent generates) run
         without the worker's lock; every other method runs alone.
         """
-        if method not in ALLOWED_METHODS.get(self.role, frozenset()):
-            raise ValueError(f"{method!r} is not an operation of a {self.role} engine")
+        if method not in ALLOWED_METHODS.get(self.context.role, frozenset()):
+            raise ValueError(f"{method!r} is not an operation of a {self.context.role} engine")
         started = time.monotonic()
         engine = self.engine
         if engine is not None and method in getattr(engine, "concurrent_methods", ()):
@@ -182,19 +172,21 @@ class EngineWorker:
 
         try:
             record_call(
-                self.role,
+                self.context.role,
                 method,
                 seconds,
                 args,
                 result,
-                counts_tokens=self.rank == 0,
+                counts_tokens=self.context.rank == 0,
                 parameters=getattr(self.engine, "parameter_count", None),
             )
         except Exception:  # metrics never break the call they observe
             if method not in self._observe_failed:
                 self._observe_failed.add(method)
                 logging.getLogger(__name__).exception(
-                    "metrics of %s's %s call failed (the call itself succeeded)", self.role, method
+                    "metrics of %s's %s call failed (the call itself succeeded)",
+                    self.context.role,
+                    method,
                 )
 
     def global_step(self) -> int:
@@ -231,7 +223,7 @@ class EngineWorker:
         with self._lock:
             named = {} if adapter is None else {"adapter": adapter}
             weights = self.engine.named_weights(**named)
-            report = coordinator.send(self.rank, weights, version=version)
+            report = coordinator.send(self.context.rank, weights, version=version)
         return report.as_dict()
 
     def sync_receive(

@@ -20,6 +20,7 @@ import hmac
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from arctic_platform.rl.agents.openai_stream import sse_events
@@ -59,25 +60,17 @@ def _bearer(headers: Any) -> str | None:
     return value.strip() or None if scheme.lower() == "bearer" else None
 
 
+@dataclass(eq=False)
 class SessionRoute:
     """One session route: auth, body, the ``AgentOps`` call in a worker thread, errors."""
 
-    def __init__(
-        self,
-        server: Any,
-        token: str | None,
-        call: Callable[[Any, str, Any], dict[str, Any]],
-        max_request_bytes: int,
-        *,
-        has_body: bool,
-        stream: Callable[[Any, str, Any], list[dict[str, Any]]] | None = None,
-    ) -> None:
-        self.server = server
-        self.stream = stream
-        self.token = token
-        self.call = call
-        self.max_request_bytes = max_request_bytes
-        self.has_body = has_body
+    server: Any
+    token: str | None
+    call: Callable[[Any, str, Any], dict[str, Any]]
+    max_request_bytes: int
+    _: KW_ONLY
+    has_body: bool
+    stream: Callable[[Any, str, Any], list[dict[str, Any]]] | None = None
 
     def _session_id(self, agents: Any, request: Request) -> str:
         """The session of ``request``, checked against the token rule."""
