@@ -16,7 +16,7 @@ from arctic_rl_demo.tasks.lookup.sft import (
     prompt_ids,
     sft_batch,
 )
-from arctic_rl_demo.tasks.lookup.task import Episode, LookupTask, tool_schema
+from arctic_rl_demo.tasks.lookup.task import Episode, LookupTask, tool_schema, wordy_answer
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys
     argv = ["demo", "--task", "lookup", "--steps", "7", "--sft-steps", "3", "--eval-every", "2"]
     argv += ["--prompts-per-step", "5", "--samples-per-prompt", "6", "--lr", "0.5"]
     argv += ["--sft-lr", "0.25", "--seed", "9", "--quiet", "--output-dir", str(tmp_path)]
-    argv += ["--sft-short-steps", "11"]
+    argv += ["--sft-short-steps", "11", "--demo-mistakes", "0.6"]
     assert main(argv) == 0
     s = seen["settings"]
     assert (s.steps, s.sft_steps, s.eval_every, s.prompts_per_step, s.samples_per_prompt) == (
@@ -174,10 +174,51 @@ def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys
         6,
     )
     assert (s.learning_rate, s.sft_learning_rate, s.seed, s.quiet) == (0.5, 0.25, 9, True)
-    assert s.sft_short_steps == 11
+    assert s.sft_short_steps == 11 and s.demo_mistakes == 0.6
     assert s.output_dir == tmp_path
     assert "held-out success (64 keys" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["demo", "--task", "lookup", "--async"])
     with pytest.raises(SystemExit, match="lookup"):
         main(["demo", "--sft-short-steps", "5"])  # the reverse task has no short curriculum
+    with pytest.raises(SystemExit, match="lookup"):
+        main(["demo", "--demo-mistakes", "0.5"])
+    with pytest.raises(ValueError, match=r"demo_mistakes=1.0 must be in \[0, 1\)"):
+        main(["demo", "--task", "lookup", "--demo-mistakes", "1.0", "--quiet"])
+
+
+def test_a_mistaken_demonstration_shows_the_value_in_a_sentence_the_reward_refuses(tokenizer):
+    episode = Episode("4821", "7310")
+    wordy = wordy_answer(episode)
+    assert "7310" in wordy and LookupTask.reward(wordy, episode.value) == 0.0
+    pieces = demonstration_pieces(tokenizer, episode, answer=wordy)
+    assert pieces[-1] == (f"{wordy}<|im_end|>", 1)  # trained on, like a right answer
+    assert pieces[:3] == demonstration_pieces(tokenizer, episode)[:3]  # the same call
+    batch = sft_batch(tokenizer, [episode, episode], answers=[wordy, None])
+    shown = [tokenizer.decode(ids) for ids in batch["input_ids"]]
+    assert wordy in shown[0] and wordy not in shown[1]
+    with pytest.raises(ValueError):
+        sft_batch(tokenizer, [episode], answers=[None, None])
+
+
+def test_the_mistaken_share_is_drawn_apart_from_the_runs_other_draws(tmp_path):
+    from arctic_rl_demo.tasks.lookup.run import LookupRun
+    from arctic_rl_demo.tasks.lookup.settings import LookupSettings
+
+    def run(share: float) -> LookupRun:
+        out = tmp_path / str(share)
+        out.mkdir()
+        settings = LookupSettings(demo_mistakes=share, output_dir=out)
+        return LookupRun(settings, client=None, tokenizer=None, out=out)
+
+    plain, mistaken = run(0.0), run(0.7)
+    assert LookupSettings().demo_mistakes == 0.7  # the demo's default: GRPO's part shows
+    episodes = LookupTask().episodes(2000, random.Random(1))
+    assert plain._shown_answers(episodes) is None
+    shown = mistaken._shown_answers(episodes)
+    assert shown is not None and 0.65 < sum(a is not None for a in shown) / len(shown) < 0.75
+    assert all(a in (None, wordy_answer(e)) for a, e in zip(shown, episodes, strict=True))
+    # the run's own stream (training keys, rollouts) draws the same with or without mistakes
+    assert plain.rng.random() == mistaken.rng.random()
+    for r in (plain, mistaken):
+        r.run_log.close()

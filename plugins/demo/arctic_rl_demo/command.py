@@ -54,6 +54,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="with --async: rollouts at most this many weight versions old (default 1)",
     )
+    add(
+        "--demo-mistakes",
+        metavar="SHARE",
+        type=float,
+        help="lookup only: the share of warm-start demonstrations whose answer adds a remark "
+        "to the value ('8862 is the value.'): a habit SFT imitates and only the exact-match "
+        "reward corrects, so GRPO's own gain shows (default 0.7; 0: every answer bare)",
+    )
     add("--prompts-per-step", type=int, help="default 16 [8]")
     add("--samples-per-prompt", type=int, help="default 16 [4]")
     add("--model-size", choices=["tiny", "small"], default="tiny")

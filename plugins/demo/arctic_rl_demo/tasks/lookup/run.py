@@ -8,6 +8,7 @@ Every record goes to ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from arctic_rl_demo.tasks.lookup.agent import AgentPlayer, EpisodeResult
 from arctic_rl_demo.tasks.lookup.grpo import grpo_batch
 from arctic_rl_demo.tasks.lookup.settings import LookupSettings
 from arctic_rl_demo.tasks.lookup.sft import prompt_ids, sft_batch
-from arctic_rl_demo.tasks.lookup.task import LookupTask
+from arctic_rl_demo.tasks.lookup.task import Episode, LookupTask, wordy_answer
 
 
 def _mean(values: list[float]) -> float:
@@ -34,6 +35,7 @@ class LookupRun(TaskRun):
     def __init__(self, settings: LookupSettings, client: Any, tokenizer: Any, out: Path) -> None:
         self.task = LookupTask(digits=settings.digits, heldout_size=settings.heldout_size)
         self.player = AgentPlayer(client, self.task, settings.max_tokens)
+        self.mistakes = random.Random(f"demo-mistakes-{settings.seed}")
         super().__init__(settings, client, tokenizer, out)
 
     async def aclose(self) -> None:
@@ -49,13 +51,22 @@ class LookupRun(TaskRun):
         for i, with_tools in enumerate(phases):
             t0 = time.monotonic()
             episodes = self.task.episodes(s.sft_batch_size, self.rng)
-            batch = sft_batch(self.tokenizer, episodes, with_tools)
+            batch = sft_batch(self.tokenizer, episodes, with_tools, self._shown_answers(episodes))
             record = await self.sft_step(i, batch, t0, tool_block=with_tools)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix({"loss": f"{record['loss']:.3f}", "full": with_tools})
         if phases:
             await self.save_warm_start()
+
+    def _shown_answers(self, episodes: list[Episode]) -> list[str | None] | None:
+        """Per demonstration the answer shown: for a ``demo_mistakes`` share of them the value
+        in a sentence (``wordy_answer``), drawn from their own seeded stream so that the rest
+        of the run draws as it would without."""
+        share = self.settings.demo_mistakes
+        if not share:
+            return None
+        return [wordy_answer(e) if self.mistakes.random() < share else None for e in episodes]
 
     async def evaluate(self, rl_step: int) -> float:
         """Greedy success on the held-out episodes through the agent path; logged."""

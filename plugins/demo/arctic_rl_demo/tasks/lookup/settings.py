@@ -41,6 +41,14 @@ class LookupSettings(LoopSettings):
     max_tokens: int = 32
     digits: int = LookupTask.digits
     heldout_size: int = LookupTask.heldout_size
+    demo_mistakes: float = 0.7
+    """The share of warm-start demonstrations whose answer adds a remark to the value ("8862
+    is the value."): a demonstrator's habit that the warm start imitates and only the exact
+    reward corrects, so what GRPO adds is seen on its own. Tried first (seeds 0-2): answering
+    with the key instead (its copy is the easier one: at shares 0.3-0.7 the warm start ended
+    anywhere from all-key, where GRPO never saw a reward, to 0.73 right), and the value inside
+    a sentence ("The value is 8862.": the bare answer's copy, learned from the other 30 %
+    only, stayed wrong on its first digit for seed 1)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,6 +61,8 @@ class LookupSettings(LoopSettings):
             raise ValueError("GRPO needs samples_per_prompt >= 2 (group-normalised rewards)")
         if self.transport != "http":
             raise ValueError("the lookup demo needs the http transport (agent sessions' URLs)")
+        if not 0.0 <= self.demo_mistakes < 1.0:
+            raise ValueError(f"demo_mistakes={self.demo_mistakes} must be in [0, 1)")
 
     @property
     def warm_steps(self) -> int:

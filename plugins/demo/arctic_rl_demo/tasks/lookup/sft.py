@@ -57,10 +57,14 @@ def _assistant_piece(before: str, after: str, eos: str) -> str:
 
 
 def demonstration_pieces(
-    tokenizer: ChatTemplateTokenizer, episode: Episode, with_tools: bool = True
+    tokenizer: ChatTemplateTokenizer,
+    episode: Episode,
+    with_tools: bool = True,
+    answer: str | None = None,
 ) -> list[tuple[str, int]]:
-    """The conversation's text pieces, each with 1 when the loss covers it, else 0."""
-    messages = demonstration_messages(episode)
+    """The conversation's text pieces, each with 1 when the loss covers it, else 0
+    (``answer``: the final answer shown instead of the tool's value)."""
+    messages = demonstration_messages(episode, answer)
     eos = tokenizer.eos_token
 
     def render(count: int, gen: bool) -> str:
@@ -77,12 +81,15 @@ def demonstration_pieces(
 
 
 def demonstration_row(
-    tokenizer: ChatTemplateTokenizer, episode: Episode, with_tools: bool = True
+    tokenizer: ChatTemplateTokenizer,
+    episode: Episode,
+    with_tools: bool = True,
+    answer: str | None = None,
 ) -> tuple[list[int], list[int]]:
     """One demonstration's token ids and loss mask (1 on the assistant turns' tokens)."""
     ids: list[int] = []
     mask: list[int] = []
-    for text, trained in demonstration_pieces(tokenizer, episode, with_tools):
+    for text, trained in demonstration_pieces(tokenizer, episode, with_tools, answer):
         piece = list(tokenizer.encode(text, add_special_tokens=False))
         ids += piece
         mask += [trained] * len(piece)
@@ -96,9 +103,15 @@ def prompt_ids(tokenizer: ChatTemplateTokenizer, episode: Episode) -> list[int]:
 
 
 def sft_batch(
-    tokenizer: ChatTemplateTokenizer, episodes: list[Episode], with_tools: bool = True
+    tokenizer: ChatTemplateTokenizer,
+    episodes: list[Episode],
+    with_tools: bool = True,
+    answers: list[str | None] | None = None,
 ) -> dict[str, Any]:
     """A ``cross_entropy`` batch of demonstrations (``with_tools=False``: without the tool
-    block, the short-context curriculum)."""
-    rows = [demonstration_row(tokenizer, e, with_tools) for e in episodes]
+    block, the short-context curriculum; ``answers``: per episode the answer shown, None
+    for the tool's value)."""
+    shown = answers if answers is not None else [None] * len(episodes)
+    pairs = zip(episodes, shown, strict=True)
+    rows = [demonstration_row(tokenizer, e, with_tools, a) for e, a in pairs]
     return {"input_ids": [r[0] for r in rows], "loss_mask": [r[1] for r in rows]}

@@ -81,9 +81,16 @@ def tool_schema() -> dict[str, Any]:
     }
 
 
-def demonstration_messages(episode: Episode) -> list[dict[str, Any]]:
+def wordy_answer(episode: Episode) -> str:
+    """The demonstrator's habitual mistake: the right value followed by a remark, which the
+    exact reward refuses (the value's copy is the exact answer's, at the same place)."""
+    return f"{episode.value} is the value."
+
+
+def demonstration_messages(episode: Episode, answer: str | None = None) -> list[dict[str, Any]]:
     """The conversation a demonstration trains on: system, user, the call, its result, the
-    answer (the assistant turns are what the loss covers)."""
+    answer (the assistant turns are what the loss covers); ``answer`` replaces the tool's
+    value in the last turn (a demonstrator's mistake)."""
     call = {
         "id": "call_0",
         "type": "function",
@@ -94,5 +101,5 @@ def demonstration_messages(episode: Episode) -> list[dict[str, Any]]:
         {"role": "user", "content": episode.prompt},
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": episode.value},
-        {"role": "assistant", "content": episode.value},
+        {"role": "assistant", "content": episode.value if answer is None else answer},
     ]

@@ -53,8 +53,10 @@ class DemoSettings(LoopSettings):
     def from_flags(cls, flags: dict[str, Any]) -> Self:
         """The settings from the command's flags; ``--lora`` without ``--sft-steps`` warm
         starts for ``LORA_SFT_STEPS``."""
-        if flags.get("sft_short_steps") is not None:
-            raise SystemExit("--sft-short-steps is the lookup task's (--task lookup)")
+        for name in ("sft_short_steps", "demo_mistakes"):
+            if flags.get(name) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise SystemExit(f"{flag} is the lookup task's (--task lookup)")
         if flags.get("lora_rank") is not None and flags.get("sft_steps") is None:
             flags = {**flags, "sft_steps": LORA_SFT_STEPS}
         return super().from_flags(flags)
