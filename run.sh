@@ -63,16 +63,18 @@ prometheus_binary() {
 
 # The whole suite runs as two pytest processes side by side: about half of its wall time the
 # tests wait (servers and Ray clusters starting, timeouts running out) rather than compute.
-# Shard A holds the multi-node suite, the hardening suite, the unit tests and the other users of
-# the shared `live` server (so it starts once); shard B is every other test, found by ignoring
-# shard A's paths, so a new test folder lands in B and nothing is left out.
+# Shard A holds the multi-node, hardening and unit suites and the server's and platform's
+# integration tests (every user of the shared `live` server among them, so it starts once);
+# shard B is every other test (the end-to-end runs and the matrix, engines, agents, Tinker,
+# transports, weight sync), found by ignoring shard A's paths, so a new test folder lands in B
+# and nothing is left out.
 SHARD_A=(
     tests/multinode
     tests/hardening
     tests/unit
-    tests/integration/observe/test_prometheus_scrape.py
-    tests/integration/server/test_restart_resync.py
-    tests/integration/server/test_whole_loop.py
+    tests/integration/server
+    tests/integration/observe
+    tests/integration/dss_platform
 )
 
 pytest_rc() {  # pytest's exit code, with "collected no tests" (5) a failure
