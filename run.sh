@@ -67,14 +67,17 @@ prometheus_binary() {
 # integration tests (every user of the shared `live` server among them, so it starts once);
 # shard B is every other test (the end-to-end runs and the matrix, engines, agents, Tinker,
 # transports, weight sync), found by ignoring shard A's paths, so a new test folder lands in B
-# and nothing is left out.
+# and nothing is left out. Shard A keeps the whole suite's order (pytest runs its paths in
+# the order given): with the multi-node suite first, the ray-transport clients of the server
+# tests later in the same process never became healthy (the multi-node tests leave Ray's
+# process-wide state behind: node address, token path), 8 tests failed.
 SHARD_A=(
-    tests/multinode
     tests/hardening
-    tests/unit
-    tests/integration/server
-    tests/integration/observe
     tests/integration/dss_platform
+    tests/integration/observe
+    tests/integration/server
+    tests/multinode
+    tests/unit
 )
 
 pytest_rc() {  # pytest's exit code, with "collected no tests" (5) a failure
