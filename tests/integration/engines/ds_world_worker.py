@@ -109,9 +109,20 @@ def run_lora(spec: dict[str, Any], stage: int, out_path: str) -> dict[str, Any]:
         out["local_lora_numel"] = sum(int(getattr(p, "ds_tensor", p).numel()) for p in lora)
         out["released"] = all(p.numel() == 0 for p in lora)  # outside a gather: empty
         save_file(adapter, f"{out_path}.zero{stage}.safetensors")
+        out["second_adapter"] = _second_adapter(engine)
     finally:
         engine.close()
     return out
+
+
+def _second_adapter(engine: Any) -> dict[str, Any]:
+    """Ask for a second adapter in this job: what the engine answered and its adapters after."""
+    try:
+        engine.add_adapter("second", seed=3)
+        error = None
+    except Exception as exc:  # the error itself is what the test checks
+        error = f"{type(exc).__name__}: {exc}"
+    return {"error": error, "adapters": engine.adapters()}
 
 
 def main(spec_path: str, out_path: str) -> None:

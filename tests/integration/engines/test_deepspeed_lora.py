@@ -313,6 +313,16 @@ def test_zero3_on_two_ranks_exports_the_adapter_of_zero0(
     # the empty tensors peft warns about.
     assert all(r["3"]["local_lora_numel"] <= 39_240 / 2 + 64 and r["3"]["released"] for r in ranks)
     assert not any(r["0"]["released"] for r in ranks)
+    # Many adapters in one job need ZeRO-0 (plain tensors the bank can swap): under ZeRO-3 a
+    # second adapter is refused, naming what the job has, and the job keeps its one adapter.
+    for r in ranks:
+        assert r["0"]["second_adapter"] == {"error": None, "adapters": ["default", "second"]}
+        refused = r["3"]["second_adapter"]
+        assert refused["adapters"] == ["default"], refused
+        assert refused["error"].startswith("EngineConfigError: many adapters in one training"), (
+            refused
+        )
+        assert "this job: ZeRO 3, float32" in refused["error"], refused
     sharded = max_weight_diff(exported[0, 3], exported[0, 0])
     print(f"adapter after {STEPS} steps, 2 ranks, ZeRO-3 vs ZeRO-0: max |diff| = {sharded:.2e}")
     assert sharded <= 1e-6

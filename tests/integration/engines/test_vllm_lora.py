@@ -193,6 +193,7 @@ def test_version_one_still_answers_after_versions_two_and_three(sampler, adapter
         f"m@v1 before/after v2, v3: {worst(first, again):.2e}; v1 vs v3 {worst(first, latest):.3f}"
     )
     assert worst(first, again) < 1e-6
+    assert worst(first, scores(adapters[1][0])) < TOLERANCE  # v1 is adapter 1, not a copy
     assert worst(latest, scores(adapters[3][0])) < TOLERANCE
     assert worst(first, latest) > 1e-3
     assert sampler.adapters()["m"] == [1, 2, 3]

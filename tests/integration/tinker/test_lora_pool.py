@@ -109,20 +109,27 @@ def test_three_models_share_one_pool_and_each_sampler_serves_its_own_adapter(tin
     other = tinker.ServiceClient(base_url=tinker_server.base_url, api_key=tinker_server.token)
     try:
         clients, memory = [], []
+        adam = tinker.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
         for seed, owner in ((1, service), (2, service), (3, other)):
-            clients.append(
-                owner.create_lora_training_client(
-                    base_model=tinker_server.model, rank=8, seed=seed
-                ).result(timeout=900)
-            )
+            client = owner.create_lora_training_client(
+                base_model=tinker_server.model, rank=8, seed=seed
+            ).result(timeout=900)
+            clients.append(client)
+            # what a model costs once it is in use: its optimizer state after a step, and its
+            # adapter loaded and sampled in the pool's sampler
+            tokens = client.get_tokenizer().encode(SENTENCES[seed - 1])
+            client.forward_backward([_datum(tokens)], "cross_entropy")
+            client.optim_step(adam).result(timeout=600)
+            warm = client.save_weights_and_get_sampling_client(name=f"warm-{seed}")
+            warm.compute_logprobs(tinker.ModelInput.from_ints(tokens)).result(timeout=600)
             memory.append(_settled_pss(tinker_server.process.pid))
         assert _jobs(tinker_server) == {"training": 1, "sampling": 1}
         per_model = (memory[2] - memory[0]) / 2
-        print(f"host PSS per extra LoRA model: {per_model / MB:.1f} MB ({memory})")
+        print(f"host PSS per extra trained and sampled LoRA model: {per_model / MB:.1f} MB")
+        print(f"(tree PSS after each model: {[round(m / MB, 1) for m in memory]} MB)")
         assert per_model < 50 * MB
 
         tok = clients[0].get_tokenizer()
-        adam = tinker.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
         for _ in range(3):  # the models' steps interleave on the pool's one training job
             for client, sentence in zip(clients, SENTENCES, strict=True):
                 client.forward_backward([_datum(tok.encode(sentence))], "cross_entropy")
