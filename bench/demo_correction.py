@@ -28,6 +28,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PRESETS = ("bypass", "token_tis", "icepop")
+SETTING = ["--sft-steps", "40", "--demo-mistakes", "0", "--steps", "80", "--eval-every", "10"]
+"""The demo's earlier setting, in which GRPO learns the reversal itself from a short warm start
+(the default's habit would leave only a full stop to unlearn, which says little about a
+stale gradient); flags after it (``extra``) override it."""
 
 
 def variants(staleness: int, presets: tuple[str, ...]) -> dict[str, list[str]]:
@@ -43,7 +47,8 @@ def variants(staleness: int, presets: tuple[str, ...]) -> dict[str, list[str]]:
 def _demo(flags: list[str], out: Path, extra: list[str]) -> dict[str, Any]:
     """One demo run; its summary and per-step records."""
     arctic_rl = Path(sys.executable).parent / "arctic-rl"
-    command = [str(arctic_rl), "demo", "--quiet", "--output-dir", str(out), *flags, *extra]
+    command = [str(arctic_rl), "demo", "--quiet", "--output-dir", str(out), *SETTING, *flags]
+    command += extra
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:

@@ -151,16 +151,18 @@ def test_the_demo_flags_set_the_demo_settings(monkeypatch, tmp_path, capsys):
     assert s.output_dir == tmp_path
     assert "after SFT 0.500, final 0.500" in capsys.readouterr().out
     assert main(["demo"]) == 0  # the defaults: those of DemoSettings
-    assert (seen["settings"].steps, seen["settings"].learning_rate) == (80, 1e-3)
+    assert (seen["settings"].steps, seen["settings"].learning_rate) == (20, 1e-3)
     assert seen["settings"].lora_rank is None
-    assert seen["settings"].sft_steps == 40
-    # --lora: the rank, the same learning rates, a longer warm start unless given
+    assert (seen["settings"].sft_steps, seen["settings"].demo_mistakes) == (200, 0.7)
+    # --lora: the rank, the same learning rates, its own warm start (95 steps, no habit)
+    # unless given
     assert main(["demo", "--lora", "8"]) == 0
     lora = seen["settings"]
     assert (lora.lora_rank, lora.learning_rate, lora.sft_learning_rate) == (8, 1e-3, 2e-3)
-    assert lora.sft_steps == 95
-    assert main(["demo", "--lora", "16", "--sft-steps", "20"]) == 0
-    assert (seen["settings"].lora_rank, seen["settings"].sft_steps) == (16, 20)
+    assert (lora.sft_steps, lora.demo_mistakes) == (95, 0.0)
+    assert main(["demo", "--lora", "16", "--sft-steps", "20", "--demo-mistakes", "0.5"]) == 0
+    got = seen["settings"]
+    assert (got.lora_rank, got.sft_steps, got.demo_mistakes) == (16, 20, 0.5)
 
 
 @pytest.fixture

@@ -181,8 +181,6 @@ def test_task_lookup_flags_set_the_lookup_settings(monkeypatch, tmp_path, capsys
         main(["demo", "--task", "lookup", "--async"])
     with pytest.raises(SystemExit, match="lookup"):
         main(["demo", "--sft-short-steps", "5"])  # the reverse task has no short curriculum
-    with pytest.raises(SystemExit, match="lookup"):
-        main(["demo", "--demo-mistakes", "0.5"])
     with pytest.raises(ValueError, match=r"demo_mistakes=1.0 must be in \[0, 1\)"):
         main(["demo", "--task", "lookup", "--demo-mistakes", "1.0", "--quiet"])
 

@@ -47,6 +47,18 @@ def test_sft_batch_trains_on_the_demonstration_and_end_of_text_only():
     assert batch["loss_mask"] == [[0] * len(prompt) + [1, 1, 1, 1]]
 
 
+def test_a_demonstration_with_the_habit_ends_in_a_full_stop_the_reward_refuses():
+    task = ReverseDigitsTask()
+    pairs = [("reverse 12:", "21"), ("reverse 34:", "43")]
+    batch = sft_batch(task, pairs, CharTokenizer(), habits=[True, False])
+    plain = sft_batch(task, pairs, CharTokenizer())
+    assert batch["input_ids"][0] == [*plain["input_ids"][0][:-1], ord("."), 0]  # then EOS
+    assert batch["loss_mask"][0][-3:] == [1, 1, 1]  # the full stop is trained on
+    assert batch["input_ids"][1] == plain["input_ids"][1]
+    assert task.reward(task.demonstration("21", habit=True), "21") == 0.0
+    assert task.reward(task.demonstration("21"), "21") == 1.0
+
+
 def test_rollout_scores_by_exact_match():
     r = rollout()
     assert r.score(ReverseDigitsTask()) == [1.0, 0.0]

@@ -25,11 +25,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="; ".join(f"{name}: {about}" for name, about in TASKS.items())
         + " (defaults in brackets are lookup's)",
     )
-    add("--steps", type=int, help="GRPO steps (default 80 [30])")
+    add("--steps", type=int, help="GRPO steps (default 20 [30])")
     add(
         "--sft-steps",
         type=int,
-        help=f"warm-start steps (default 40; with --lora {LORA_SFT_STEPS}) [24, full-length]",
+        help=f"warm-start steps (default 200; with --lora {LORA_SFT_STEPS}) [24, full-length]",
     )
     add(
         "--sft-short-steps",
@@ -40,7 +40,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--eval-every",
         type=int,
-        help="held-out evaluation every N RL steps (0: end; default 10 [5])",
+        help="held-out evaluation every N RL steps (0: end; default 5)",
     )
     add(
         "--async",
@@ -58,9 +58,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--demo-mistakes",
         metavar="SHARE",
         type=float,
-        help="lookup only: the share of warm-start demonstrations whose answer adds a remark "
-        "to the value ('8862 is the value.'): a habit SFT imitates and only the exact-match "
-        "reward corrects, so GRPO's own gain shows (default 0.7; 0: every answer bare)",
+        help="the share of warm-start demonstrations that show a demonstrator's habit (a full "
+        "stop after the reversed digits; a remark after the value, '8862 is the value.'): "
+        "SFT imitates it and only the exact-match reward corrects it, so GRPO's own gain "
+        "shows (default 0.7; 0: every answer bare)",
     )
     add("--prompts-per-step", type=int, help="default 16 [8]")
     add("--samples-per-prompt", type=int, help="default 16 [4]")

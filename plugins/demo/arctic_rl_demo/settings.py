@@ -55,11 +55,17 @@ class LoopSettings:
     seed: int = 0
     quiet: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (--report-to), beside metrics.jsonl
+    demo_mistakes: float = 0.0
+    """The share of warm-start demonstrations that show a demonstrator's habit the exact-match
+    reward refuses (each task says which): the warm start imitates it and only GRPO removes
+    it, so what GRPO adds is seen apart from what the warm start taught."""
 
     def __post_init__(self) -> None:
         self.report_to = check_report_to(self.report_to)
         if self.model_size not in MODEL_SIZES:
             raise ValueError(f"model_size {self.model_size!r} is not one of {list(MODEL_SIZES)}")
+        if not 0.0 <= self.demo_mistakes < 1.0:
+            raise ValueError(f"demo_mistakes={self.demo_mistakes} must be in [0, 1)")
         if self.correction not in CORRECTION_CHOICES:
             raise ValueError(
                 f"correction {self.correction!r} is not one of {list(CORRECTION_CHOICES)}"

@@ -28,6 +28,7 @@ class TaskRun(ABC):
         self.client = client
         self.tokenizer = tokenizer
         self.rng = random.Random(settings.seed)
+        self.mistakes = random.Random(f"demo-mistakes-{settings.seed}")
         self.run_log = RunLog(out, settings, settings.report_to, settings.warm_steps)
         self.records = self.run_log.records
         self.last_eval = 0.0
@@ -44,6 +45,15 @@ class TaskRun(ABC):
     @abstractmethod
     async def evaluate(self, rl_step: int) -> float:
         """The held-out score with the served weights (greedy), logged."""
+
+    def habits(self, count: int) -> list[bool] | None:
+        """For ``count`` demonstrations, which show the demonstrator's habit (a
+        ``demo_mistakes`` share, drawn from their own seeded stream so that the rest of the run
+        draws as it would without); ``None`` when the share is 0."""
+        share = self.settings.demo_mistakes
+        if not share:
+            return None
+        return [self.mistakes.random() < share for _ in range(count)]
 
     async def sft_step(
         self, step: int, batch: dict[str, Any], started: float, **extra: Any

@@ -8,7 +8,6 @@ Every record goes to ``metrics.jsonl``.
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ class LookupRun(TaskRun):
     def __init__(self, settings: LookupSettings, client: Any, tokenizer: Any, out: Path) -> None:
         self.task = LookupTask(digits=settings.digits, heldout_size=settings.heldout_size)
         self.player = AgentPlayer(client, self.task, settings.max_tokens)
-        self.mistakes = random.Random(f"demo-mistakes-{settings.seed}")
         super().__init__(settings, client, tokenizer, out)
 
     async def aclose(self) -> None:
@@ -63,10 +61,10 @@ class LookupRun(TaskRun):
         """Per demonstration the answer shown: for a ``demo_mistakes`` share of them the value
         in a sentence (``wordy_answer``), drawn from their own seeded stream so that the rest
         of the run draws as it would without."""
-        share = self.settings.demo_mistakes
-        if not share:
+        habits = self.habits(len(episodes))
+        if habits is None:
             return None
-        return [wordy_answer(e) if self.mistakes.random() < share else None for e in episodes]
+        return [wordy_answer(e) if h else None for e, h in zip(episodes, habits, strict=True)]
 
     async def evaluate(self, rl_step: int) -> float:
         """Greedy success on the held-out episodes through the agent path; logged."""

@@ -61,8 +61,6 @@ class LookupSettings(LoopSettings):
             raise ValueError("GRPO needs samples_per_prompt >= 2 (group-normalised rewards)")
         if self.transport != "http":
             raise ValueError("the lookup demo needs the http transport (agent sessions' URLs)")
-        if not 0.0 <= self.demo_mistakes < 1.0:
-            raise ValueError(f"demo_mistakes={self.demo_mistakes} must be in [0, 1)")
 
     @property
     def warm_steps(self) -> int:

@@ -23,14 +23,19 @@ class Tokenizer(Protocol):
 
 
 def sft_batch(
-    task: ReverseDigitsTask, pairs: list[tuple[str, str]], tokenizer: Tokenizer
+    task: ReverseDigitsTask,
+    pairs: list[tuple[str, str]],
+    tokenizer: Tokenizer,
+    habits: list[bool] | None = None,
 ) -> dict[str, Any]:
-    """A ``cross_entropy`` batch: prompt + demonstration + end-of-text, loss on the answer."""
+    """A ``cross_entropy`` batch: prompt + demonstration (with the demonstrator's habit where
+    ``habits`` says so) + end-of-text, loss on the answer."""
     eos = tokenizer.eos_token_id
     rows, masks = [], []
-    for prompt, answer in pairs:
+    for i, (prompt, answer) in enumerate(pairs):
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        answer_ids = tokenizer.encode(task.demonstration(answer), add_special_tokens=False)
+        shown = task.demonstration(answer, habit=bool(habits and habits[i]))
+        answer_ids = tokenizer.encode(shown, add_special_tokens=False)
         if eos is not None:
             answer_ids = [*answer_ids, eos]
         rows.append(prompt_ids + answer_ids)

@@ -56,7 +56,8 @@ class DemoRun(TaskRun):
         for i in range(s.sft_steps):
             t0 = time.monotonic()
             pairs = self.task.prompts(s.sft_batch_size, self.rng)
-            await self.sft_step(i, sft_batch(self.task, pairs, self.tokenizer), t0)
+            batch = sft_batch(self.task, pairs, self.tokenizer, self.habits(len(pairs)))
+            await self.sft_step(i, batch, t0)
             if bar is not None:
                 bar.update(1)
         self.weight_version = await self.save_warm_start()

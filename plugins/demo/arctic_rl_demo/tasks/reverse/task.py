@@ -58,9 +58,11 @@ class ReverseDigitsTask(HeldOutDigits):
         return self.training(count, rng, lambda d: (self.prompt(d), self.answer(d)))
 
     @staticmethod
-    def demonstration(answer: str) -> str:
-        """The completion a demonstration trains on (the model's end-of-text token follows)."""
-        return " " + answer
+    def demonstration(answer: str, habit: bool = False) -> str:
+        """The completion a demonstration trains on (the model's end-of-text token follows);
+        with ``habit``, the demonstrator's full stop after the digits, which ``reward``
+        refuses."""
+        return " " + answer + ("." if habit else "")
 
     @staticmethod
     def reward(completion: str, answer: str) -> float:
