@@ -96,14 +96,31 @@ def test_two_shapes_train_and_sample_side_by_side_each_as_its_trainer(shaped, se
             assert np.max(np.abs(tail - np.asarray(seq.logprobs))) <= 1e-4, name
 
 
+def _tiny_gpt2(path) -> str:
+    """A random one-layer GPT-2 (its attention is ``c_attn``/``c_proj``, its MLP ``c_fc``):
+    none of the modules Tinker's LoRA switches name."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    return str(path)
+
+
 def test_a_third_shape_is_refused_at_once_naming_the_pools_that_hold_the_gpus(
-    shaped, tinker_server, tied_qwen2
+    shaped, tinker_server, tied_qwen2, tmp_path
 ):
     with httpx.Client(
         base_url=tinker_server.base_url, headers={"X-API-Key": tinker_server.token}, timeout=60
     ) as raw:
         session = raw.post("/api/v1/create_session", json={}).json()["session_id"]
         try:
+            # a base model without the targeted modules: a 422 naming those it has, at once
+            gpt2 = _tiny_gpt2(tmp_path / "tiny-gpt2")
+            body = {"session_id": session, "model_seq_id": 1, "base_model": gpt2}
+            answer = raw.post("/api/v1/create_model", json={**body, "lora_config": {"rank": 8}})
+            assert answer.status_code == 422, answer.text
+            error = answer.json()["error"]
+            assert "has no ['q_proj'" in error and "'c_attn'" in error, error
             body = {"session_id": session, "model_seq_id": 0, "base_model": tied_qwen2}
             answer = raw.post("/api/v1/create_model", json={**body, "lora_config": {"rank": 16}})
             # refused in the call itself: no request id to poll, nothing waits for placement
