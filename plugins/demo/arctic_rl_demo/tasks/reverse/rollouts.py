@@ -47,7 +47,9 @@ def sft_batch(
 class Rollout:
     """One step's samples: prompts, the sampler's outputs, and when they were made.
 
-    ``window``: the ``time.monotonic()`` seconds the generate call started and ended.
+    ``window``: the ``time.monotonic()`` seconds the generate call started and ended;
+    ``launched_version``: the weight version served when the call was made (its tokens may be
+    newer: a hotswap can land before the first one is sampled).
     """
 
     index: int
@@ -56,6 +58,7 @@ class Rollout:
     seconds: float
     rewards: list[float] = field(default_factory=list)
     window: tuple[float, float] = (0.0, 0.0)
+    launched_version: int = 0
 
     @property
     def completions(self) -> list[dict[str, Any]]:

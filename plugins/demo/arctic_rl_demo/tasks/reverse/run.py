@@ -85,7 +85,7 @@ class DemoRun(TaskRun):
     async def rollout(self, index: int, pairs: list[tuple[str, str]]) -> Rollout:
         """Sample ``samples_per_prompt`` completions per prompt with the served weights."""
         s = self.settings
-        t0 = time.monotonic()
+        launched, t0 = self.weight_version, time.monotonic()
         gen = await self.client.generate(
             [self.encode(p) for p, _ in pairs],
             {
@@ -96,7 +96,9 @@ class DemoRun(TaskRun):
             },
         )
         t1 = time.monotonic()
-        rollout = Rollout(index, pairs, gen["outputs"], t1 - t0, window=(t0, t1))
+        rollout = Rollout(
+            index, pairs, gen["outputs"], t1 - t0, window=(t0, t1), launched_version=launched
+        )
         rollout.score(self.task)
         return rollout
 
@@ -142,6 +144,7 @@ class DemoRun(TaskRun):
         self.train_windows.append((started, time.monotonic()))
         oldest, newest = rollout.versions
         staleness = self.weight_version - oldest
+        launch_staleness = self.weight_version - rollout.launched_version
         self.weight_version = int(synced["weight_version"])
         rewards = rollout.rewards
         return {
@@ -158,6 +161,7 @@ class DemoRun(TaskRun):
             "completion_tokens": sum(sum(m) for m in batch["loss_mask"]),
             "sampled_versions": [oldest, newest],
             "staleness": staleness,
+            "launch_staleness": launch_staleness,
             "weight_version": self.weight_version,
             "sync_bytes": int(synced.get("bytes", 0) or 0),
             "generation_overlap_seconds": self.overlap_with_training(rollout),
