@@ -59,6 +59,13 @@ def test_a_demonstration_with_the_habit_ends_in_a_full_stop_the_reward_refuses()
     assert task.reward(task.demonstration("21"), "21") == 1.0
 
 
+@pytest.mark.parametrize("habits", [[True], [True, False, True]])
+def test_habits_must_give_one_flag_per_pair(habits):
+    pairs = [("reverse 12:", "21"), ("reverse 34:", "43")]
+    with pytest.raises(ValueError):
+        sft_batch(ReverseDigitsTask(), pairs, CharTokenizer(), habits=habits)
+
+
 def test_rollout_scores_by_exact_match():
     r = rollout()
     assert r.score(ReverseDigitsTask()) == [1.0, 0.0]

@@ -29,12 +29,13 @@ def sft_batch(
     habits: list[bool] | None = None,
 ) -> dict[str, Any]:
     """A ``cross_entropy`` batch: prompt + demonstration (with the demonstrator's habit where
-    ``habits`` says so) + end-of-text, loss on the answer."""
+    ``habits`` says so, one flag per pair) + end-of-text, loss on the answer."""
     eos = tokenizer.eos_token_id
     rows, masks = [], []
-    for i, (prompt, answer) in enumerate(pairs):
+    flags = [False] * len(pairs) if habits is None else habits
+    for (prompt, answer), habit in zip(pairs, flags, strict=True):
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        shown = task.demonstration(answer, habit=bool(habits and habits[i]))
+        shown = task.demonstration(answer, habit=habit)
         answer_ids = tokenizer.encode(shown, add_special_tokens=False)
         if eos is not None:
             answer_ids = [*answer_ids, eos]
