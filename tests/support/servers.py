@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from arctic_platform.rl.network import accepts_connections
 
 
 def arctic_rl(*args: str) -> list[str]:
@@ -62,11 +63,9 @@ def wait_listening(port: int, thread: threading.Thread) -> None:
     ``thread``); fail when the thread ends first or nothing listens after about 20 s."""
     for _ in range(400):
         assert thread.is_alive(), "the server thread ended before it listened"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
+        if accepts_connections("127.0.0.1", port, 0.5):
+            return
+        time.sleep(0.05)
     raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
 

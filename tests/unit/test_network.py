@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
-from arctic_platform.rl.network import _interface_ipv4, listening_socket, loopback_interface
+from arctic_platform.rl.network import (
+    _interface_ipv4,
+    accepts_connections,
+    free_port,
+    listening_socket,
+    loopback_interface,
+)
 
 
 def test_the_loopback_interface_is_found_by_its_flag_and_holds_a_127_address():
@@ -59,3 +66,32 @@ def test_a_free_port_range_is_bindable_and_a_taken_port_makes_it_not_free():
         assert not ports_free("127.0.0.1", base, 3)
     finally:
         taken.close()
+
+
+def _unused_even_port() -> int:
+    """A port nobody listens on, of the parity Linux gives connect()'s source ports."""
+    for _ in range(100):
+        port = free_port()
+        port += port % 2
+        try:
+            listening_socket("127.0.0.1", port, 1).close()
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no free even port")
+
+
+def test_polling_a_port_nobody_listens_on_never_connects_to_itself_or_takes_the_port():
+    # A plain connect() to an unused local port sometimes picks that port as its own source
+    # port and connects to itself (here: 39 times in 689 000 tries on an even port, about 1 %
+    # a second of polling every 5 ms); the listener's bind then fails with EADDRINUSE. The
+    # weight sync's receiver polled that way for the sender's store (CI: "sender could not
+    # reach port 50952 ... Address already in use"). Seen failing with a plain connect.
+    port = _unused_even_port()
+    deadline, tries = time.monotonic() + 3.0, 0
+    while time.monotonic() < deadline:
+        assert not accepts_connections("127.0.0.1", port, 0.5), f"try {tries}"
+        tries += 1
+    listening_socket("127.0.0.1", port, 1).close()  # the port is still free to bind
+    with listening_socket("127.0.0.1", port, 1):
+        assert accepts_connections("127.0.0.1", port, 0.5)

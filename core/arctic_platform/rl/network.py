@@ -95,6 +95,27 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+def accepts_connections(host: str, port: int, timeout: float) -> bool:
+    """Whether something listens on ``host:port``: one TCP connect, at most ``timeout`` s.
+
+    A connect to a local port nobody listens on can pick that same port as its source port
+    and connect to itself (TCP simultaneous open), which would then hold the port and make
+    the real listener's bind fail with EADDRINUSE. Such a self-connection counts as nothing
+    listening and is reset at once (no TIME_WAIT), so polling never takes the port.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout)
+        try:
+            probe.connect((host, port))
+        except OSError:
+            return False
+        if probe.getsockname()[:2] != probe.getpeername()[:2]:
+            return True
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return False
+
+
 def is_loopback(host: str) -> bool:
     """True when ``host`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
     return host in ("localhost", "::1") or host.startswith("127.")

@@ -89,18 +89,13 @@ def _listen(host: str, port: int) -> int:
 
 
 def _await_listener(host: str, port: int, deadline: float) -> None:
-    """Return once something accepts connections on ``host:port``; raise at ``deadline``."""
-    import socket
+    """Return once something accepts connections on ``host:port``; raise at ``deadline``
+    (the probe never connects to itself, which would take the port from the sender)."""
+    from arctic_platform.rl.network import accepts_connections
 
-    while True:
-        with socket.socket() as probe:
-            probe.settimeout(max(0.01, min(1.0, deadline - time.monotonic())))
-            try:
-                probe.connect((host, port))
-                return
-            except OSError as exc:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"nothing listened on {host}:{port}: {exc}") from None
+    while not accepts_connections(host, port, max(0.01, min(1.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"nothing listened on {host}:{port}")
         time.sleep(0.005)
 
 
