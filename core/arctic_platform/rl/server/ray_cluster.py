@@ -137,11 +137,17 @@ class RayCluster:
     def shutdown(self) -> None:
         """Disconnect; a cluster started here goes down with it, an attached one stays up.
         The temp dir of a cluster started here (its sessions' logs and sockets) is removed:
-        a clean stop leaves nothing in /tmp (after a crash it stays, for a post-mortem)."""
+        a clean stop leaves nothing in /tmp (after a crash it stays, for a post-mortem).
+        A process of a cluster started here that outlives the stop is killed by PID."""
         import ray
 
+        from arctic_platform.rl.server.leftovers import end_leftovers, ray_processes
+
+        ours = ray_processes(os.getpid()) if self.started_here and not self.inside_ray else []
         if ray.is_initialized() and not self.inside_ray:
             ray.shutdown()
+        if ours:
+            end_leftovers(ours)
         if self.started_here and self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
