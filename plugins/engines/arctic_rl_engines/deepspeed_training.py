@@ -64,9 +64,10 @@ class DeepSpeedTrainingEngine(AdapterHost, TrainingEngine):
     """
 
     def __init__(self, config: ArcticRLClientConfig, context: EngineContext | None = None) -> None:
-        import deepspeed
         import torch
         import transformers
+
+        deepspeed = ds_env.import_deepspeed()
 
         self.config = config
         self._rank, self._world = ds_env.setup(context)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +161,29 @@ def device() -> Any:
     return torch.device(get_accelerator().device_name(local_rank))
 
 
+def import_deepspeed() -> Any:
+    """``import deepspeed``, without the ``import mlflow`` of DeepSpeed's autotuner.
+
+    Where mlflow is installed (our trackers extra), that import is about 40 % of DeepSpeed's
+    own (1.8 of 4.4 s here, pandas included), in every engine process; the engines never
+    autotune. mlflow stays importable afterwards for anything else in the process.
+    """
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hide = "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # its import raises ImportError
+    try:
+        import deepspeed
+    finally:
+        if hide and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 def setup(context: EngineContext | None = None) -> tuple[int, int]:
     """Everything an engine needs before building its model; returns (rank, world size)."""
+    import_deepspeed()
     ensure_distributed_env(context)
     configure_process()
     return init_distributed()
