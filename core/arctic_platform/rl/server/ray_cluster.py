@@ -218,6 +218,38 @@ def _attach(ray: Any, target: str) -> tuple[dict[str, float] | None, str]:
     return None, "it has no GPU resources (start its nodes with `ray start --num-gpus N`)"
 
 
+# Ray waits a fixed 30 s for a new node's raylet to register with the GCS; on a loaded machine
+# (2 cores, CI) that ran out once in about 40 full runs ("The current node timed out during
+# startup"). A cluster we start is then started again, after its half-started processes end.
+RAY_START_ATTEMPTS = 3
+RAY_START_TIMEOUT_TEXT = "timed out during startup"
+
+
+def init_fresh_cluster(ray: Any, attempts: int = RAY_START_ATTEMPTS, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)`` for a cluster this process starts, tried ``attempts`` times when
+    Ray's node start-up times out; the Ray processes a failed try started (and only those)
+    are killed first."""
+    from arctic_platform.rl.server.leftovers import end_leftovers, ray_processes
+
+    for attempt in range(1, attempts + 1):
+        before = set(ray_processes(os.getpid()))
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:
+            if RAY_START_TIMEOUT_TEXT not in str(exc) or attempt == attempts:
+                raise
+            logger.warning(
+                "starting the Ray cluster failed (try %d of %d: %s); starting it again",
+                attempt,
+                attempts,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+        if ray.is_initialized():
+            ray.shutdown()
+        end_leftovers([p for p in ray_processes(os.getpid()) if p not in before], grace=0.0)
+
+
 def start_or_attach(
     *,
     num_gpus: int,
@@ -287,7 +319,8 @@ def start_or_attach(
     # keeps TASK_EVENTS_KEPT of each; the server's environment overrides either.
     for name in TASK_EVENT_BOUNDS:
         os.environ.setdefault(name, str(TASK_EVENTS_KEPT))
-    ray.init(
+    init_fresh_cluster(
+        ray,
         address="local",
         num_cpus=num_cpus if num_cpus is not None else max(8, 2 * (num_gpus + 1)),
         include_dashboard=False,
