@@ -218,9 +218,9 @@ def _attach(ray: Any, target: str) -> tuple[dict[str, float] | None, str]:
     return None, "it has no GPU resources (start its nodes with `ray start --num-gpus N`)"
 
 
-# Ray waits a fixed 30 s for a new node's raylet to register with the GCS; on a loaded machine
-# (2 cores, CI) that ran out once in about 40 full runs ("The current node timed out during
-# startup"). A cluster we start is then started again, after its half-started processes end.
+# Ray waits a fixed 30 s for a new node's raylet to register with the GCS; on a loaded 2-core
+# machine that ran out in full test runs ("The current node timed out during startup"). A
+# cluster we start is then started again, after its half-started processes end.
 RAY_START_ATTEMPTS = 3
 RAY_START_TIMEOUT_TEXT = "timed out during startup"
 
