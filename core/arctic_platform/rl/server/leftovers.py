@@ -31,25 +31,36 @@ def _stat(pid: int) -> tuple[int, str, int] | None:
     return int(fields[1]), fields[0], int(fields[19])
 
 
-def descendants(pid: int) -> list[Process]:
-    """Every live process under ``pid`` (children, their children, ...)."""
+def _children() -> dict[int, list[Process]]:
+    """Every live process, by parent pid (one pass over /proc)."""
     children: dict[int, list[Process]] = {}
     proc = Path("/proc")
     if not proc.is_dir():
-        return []
+        return children
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         stat = _stat(int(entry.name))
         if stat is not None and stat[1] != "Z":
             children.setdefault(stat[0], []).append((int(entry.name), stat[2]))
+    return children
+
+
+def _under(children: dict[int, list[Process]], roots: list[Process]) -> list[Process]:
+    """``roots`` and every process under them."""
     out: list[Process] = []
-    todo = [pid]
+    todo = list(roots)
     while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += [kid for kid, _ in kids]
+        process = todo.pop()
+        out.append(process)
+        todo += children.get(process[0], [])
     return out
+
+
+def descendants(pid: int) -> list[Process]:
+    """Every live process under ``pid`` (children, their children, ...)."""
+    children = _children()
+    return _under(children, children.get(pid, []))
 
 
 def _is_ray(pid: int) -> bool:
@@ -64,20 +75,8 @@ def _is_ray(pid: int) -> bool:
 def ray_processes(pid: int) -> list[Process]:
     """The Ray processes ``pid`` started (its children that are Ray's) and all under them;
     other children of ``pid`` (a user's own) and theirs are left out."""
-    tree = descendants(pid)
-    under: dict[int, list[Process]] = {}
-    for child in tree:
-        stat = _stat(child[0])
-        if stat is not None:
-            under.setdefault(stat[0], []).append(child)
-    roots = [child for child in under.get(pid, []) if _is_ray(child[0])]
-    out: list[Process] = []
-    todo = list(roots)
-    while todo:
-        process = todo.pop()
-        out.append(process)
-        todo += under.get(process[0], [])
-    return out
+    children = _children()
+    return _under(children, [c for c in children.get(pid, []) if _is_ray(c[0])])
 
 
 def _alive(process: Process) -> bool:
